@@ -1,0 +1,36 @@
+# pgherd: every set-up step lives here, so that a fresh clone needs nothing else.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test lint typecheck unit demo crds bench-backup bench-failover clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+	bash scripts/ensure-postgres.sh
+	bash scripts/ensure-helm.sh
+
+lint: $(STAMP)
+	$(BIN)/ruff check operator backup tests e2e bench scripts
+	$(BIN)/ruff format --check operator backup tests e2e bench scripts
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+## make test: set up everything, then ruff, mypy and the whole pytest suite.
+test: setup lint typecheck
+	PATH="$(CURDIR)/.tools/bin:$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest
+
+## make crds: regenerate crds/ and the chart's copy from the API models.
+crds: $(STAMP)
+	$(BIN)/pgherd crds --out crds --chart charts/pgherd/crds
+
+clean:
+	rm -rf $(VENV) .tools .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,145 @@
+"""Compression codecs: zstd (default, multi-threaded), lz4, gzip and none.
+
+Compression is a push API (feed blocks, collect output); decompression is a pull API over a
+file-like source so that the output is always read in bounded blocks (a few megabytes of
+compressed zero pages can expand to a gigabyte).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import zlib
+from dataclasses import dataclass
+from typing import IO, Protocol
+
+from pgherd_backup.errors import BackupError, IntegrityError, UsageError
+
+CODECS = ("zstd", "lz4", "gzip", "none")
+DEFAULT_LEVELS = {"zstd": 1, "lz4": 0, "gzip": 1, "none": 0}
+
+
+class Compressor(Protocol):
+    def compress(self, data: bytes | memoryview) -> bytes: ...
+    def flush(self) -> bytes: ...
+
+
+class Reader(Protocol):
+    def read(self, size: int = -1, /) -> bytes: ...
+
+
+class _Identity:
+    def compress(self, data: bytes | memoryview) -> bytes:
+        return bytes(data)
+
+    def flush(self) -> bytes:
+        return b""
+
+
+class _GzipCompressor:
+    def __init__(self, level: int) -> None:
+        self._z = zlib.compressobj(level, zlib.DEFLATED, 31)
+
+    def compress(self, data: bytes | memoryview) -> bytes:
+        return self._z.compress(data)
+
+    def flush(self) -> bytes:
+        return self._z.flush()
+
+
+@dataclass(frozen=True)
+class Codec:
+    name: str
+    level: int
+    threads: int = 0
+
+    @classmethod
+    def get(cls, name: str, level: int | None = None, threads: int | None = None) -> Codec:
+        if name not in CODECS:
+            raise UsageError(f"unknown compression {name!r}: choose one of {', '.join(CODECS)}")
+        if threads is None:
+            threads = os.cpu_count() or 1
+        return cls(name, DEFAULT_LEVELS[name] if level is None else level, threads)
+
+    @property
+    def extension(self) -> str:
+        return {"zstd": ".zst", "lz4": ".lz4", "gzip": ".gz", "none": ""}[self.name]
+
+    def compressor(self) -> Compressor:
+        if self.name == "zstd":
+            import zstandard
+
+            params = zstandard.ZstdCompressionParameters.from_level(
+                self.level, threads=self.threads if self.threads > 1 else 0, write_checksum=True
+            )
+            c: Compressor = zstandard.ZstdCompressor(compression_params=params).compressobj()
+            return c
+        if self.name == "lz4":
+            import lz4.frame
+
+            return _Lz4Compressor(lz4.frame.LZ4FrameCompressor(compression_level=self.level, content_checksum=True))
+        if self.name == "gzip":
+            return _GzipCompressor(self.level or 1)
+        return _Identity()
+
+    def compress(self, data: bytes) -> bytes:
+        c = self.compressor()
+        return c.compress(data) + c.flush()
+
+    def reader(self, source: IO[bytes] | Reader) -> Reader:
+        """A reader of the decompressed bytes of `source` (one or more whole frames)."""
+        if self.name == "zstd":
+            import zstandard
+
+            r: Reader = zstandard.ZstdDecompressor().stream_reader(
+                source, read_size=1 << 20, read_across_frames=True
+            )
+            return r
+        if self.name == "lz4":
+            import lz4.frame
+
+            return lz4.frame.LZ4FrameFile(source, mode="rb")  # type: ignore[no-any-return]
+        if self.name == "gzip":
+            return gzip.GzipFile(fileobj=source, mode="rb")  # type: ignore[arg-type]
+        return source
+
+    def decompress(self, data: bytes, origin: str = "data") -> bytes:
+        import io
+
+        reader = self.reader(io.BytesIO(data))
+        out = bytearray()
+        while True:
+            block = read_checked(reader, 1 << 22, origin)
+            if not block:
+                return bytes(out)
+            out += block
+
+
+def read_checked(reader: Reader, size: int, origin: str) -> bytes:
+    """`reader.read(size)`, with a decoder's complaint turned into an IntegrityError naming `origin`."""
+    try:
+        return reader.read(size)
+    except BackupError:
+        raise
+    except Exception as exc:  # zstandard.ZstdError, lz4's RuntimeError, zlib.error, EOFError...
+        raise IntegrityError(f"{origin} cannot be decompressed ({exc}): it is damaged") from None
+
+
+class _Lz4Compressor:
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+        self._started = False
+
+    def compress(self, data: bytes | memoryview) -> bytes:
+        prefix = b""
+        if not self._started:
+            prefix = self._inner.begin()  # type: ignore[attr-defined]
+            self._started = True
+        return prefix + self._inner.compress(data)  # type: ignore[attr-defined,no-any-return]
+
+    def flush(self) -> bytes:
+        prefix = b""
+        if not self._started:
+            prefix = self._inner.begin()  # type: ignore[attr-defined]
+            self._started = True
+        return prefix + self._inner.flush()  # type: ignore[attr-defined,no-any-return]

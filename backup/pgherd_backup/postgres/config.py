@@ -1,0 +1,224 @@
+"""The pgherd-owned settings file.
+
+Settings the operator owns (port, listen_addresses, archiving, recovery, replication...) live in
+`postgresql.pgherd.conf`, included at the end of postgresql.conf; user parameters stay in
+postgresql.conf / postgresql.auto.conf. The file is rewritten whole and atomically.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+
+from pgherd_backup.postgres.process import give_to_pg
+
+PGHERD_CONF = "postgresql.pgherd.conf"
+_INCLUDE = f"include_if_exists = '{PGHERD_CONF}'"
+_HEADER = "# Written by pgherd: operator-owned settings. Do not edit; user parameters go to postgresql.conf.\n"
+
+Setting = str | int | float | bool
+
+# Settings pgherd owns: the operator refuses them in spec.parameters.
+OWNED_SETTINGS = frozenset(
+    {
+        "port",
+        "listen_addresses",
+        "unix_socket_directories",
+        "archive_mode",
+        "archive_command",
+        "archive_library",
+        "restore_command",
+        "recovery_target",
+        "recovery_target_time",
+        "recovery_target_lsn",
+        "recovery_target_xid",
+        "recovery_target_name",
+        "recovery_target_action",
+        "recovery_target_timeline",
+        "recovery_target_inclusive",
+        "primary_conninfo",
+        "primary_slot_name",
+        "synchronous_standby_names",
+        "hot_standby",
+        "wal_level",
+        "wal_log_hints",
+        "max_wal_senders",
+        "max_replication_slots",
+        "wal_keep_size",
+    }
+)
+_RECOVERY_TARGETS = (
+    "recovery_target",
+    "recovery_target_time",
+    "recovery_target_lsn",
+    "recovery_target_xid",
+    "recovery_target_name",
+    "recovery_target_action",
+    "recovery_target_inclusive",
+)
+
+
+def quote(value: Setting) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, int | float):
+        return str(value)
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _unquote(text: str) -> str:
+    text = text.strip()
+    if len(text) >= 2 and text[0] == "'" and text[-1] == "'":
+        return text[1:-1].replace("''", "'")
+    return text
+
+
+def read_pgherd_conf(pgdata: Path | str) -> dict[str, str]:
+    path = Path(pgdata) / PGHERD_CONF
+    settings: dict[str, str] = {}
+    if not path.exists():
+        return settings
+    for line in path.read_text().splitlines():
+        match = re.match(r"\s*([A-Za-z_.]+)\s*=\s*(.*?)\s*$", line)
+        if match and not line.lstrip().startswith("#"):
+            settings[match.group(1)] = _unquote(match.group(2))
+    return settings
+
+
+def _ensure_included(pgdata: Path) -> None:
+    conf = pgdata / "postgresql.conf"
+    text = conf.read_text() if conf.exists() else ""
+    if _INCLUDE not in text:
+        with conf.open("a") as handle:
+            handle.write(f"\n# pgherd: operator-owned settings (keep this line last)\n{_INCLUDE}\n")
+        give_to_pg(conf)
+
+
+def write_pgherd_conf(pgdata: Path | str, settings: Mapping[str, Setting]) -> None:
+    """Replace the pgherd settings of `pgdata` with `settings` (values as Python types)."""
+    pgdata = Path(pgdata)
+    body = _HEADER + "".join(f"{key} = {quote(value)}\n" for key, value in sorted(settings.items()))
+    tmp = pgdata / (PGHERD_CONF + ".tmp")
+    tmp.write_text(body)
+    os.chmod(tmp, 0o600)
+    give_to_pg(tmp)
+    os.replace(tmp, pgdata / PGHERD_CONF)
+    _ensure_included(pgdata)
+
+
+def update_pgherd_conf(pgdata: Path | str, changes: Mapping[str, Setting | None]) -> dict[str, str]:
+    """Set (or, with None, remove) some pgherd settings; returns the resulting settings."""
+    current: dict[str, Setting] = dict(read_pgherd_conf(pgdata))
+    for key, value in changes.items():
+        if value is None:
+            current.pop(key, None)
+        else:
+            current[key] = value
+    write_pgherd_conf(pgdata, current)
+    return read_pgherd_conf(pgdata)
+
+
+def member_settings(
+    port: int,
+    *,
+    listen_addresses: str = "127.0.0.1",
+    socket_dir: str = "",
+    archive_command: str | None = None,
+    wal_keep_size: str = "512MB",
+    extra: Mapping[str, Setting] | None = None,
+) -> dict[str, Setting]:
+    """The settings every pgherd member carries (replication-ready, rewind-ready)."""
+    settings: dict[str, Setting] = {
+        "port": port,
+        "listen_addresses": listen_addresses,
+        "unix_socket_directories": socket_dir,
+        "wal_level": "replica",
+        "hot_standby": True,
+        "wal_log_hints": True,
+        "max_wal_senders": 10,
+        "max_replication_slots": 10,
+        "wal_keep_size": wal_keep_size,
+        "archive_mode": archive_command is not None,
+    }
+    if archive_command is not None:
+        settings["archive_command"] = archive_command
+    if extra:
+        settings.update(extra)
+    return settings
+
+
+def agent_command(executable: str, *args: str) -> str:
+    """A shell command line invoking pgherd-backup, for archive_command / restore_command."""
+    return " ".join([shlex.quote(executable), *(shlex.quote(a) if "%" not in a else a for a in args)])
+
+
+def archive_command(
+    executable: str, store: str | None = None, cluster: str | None = None
+) -> str:
+    """`archive_command` through wal-push; store and cluster default to $PGHERD_STORE/$PGHERD_CLUSTER."""
+    flags = [*(["--store", store] if store else []), *(["--cluster", cluster] if cluster else [])]
+    return agent_command(executable, "wal-push", *flags, "%p")
+
+
+def restore_command(executable: str, store: str | None = None, cluster: str | None = None) -> str:
+    flags = [*(["--store", store] if store else []), *(["--cluster", cluster] if cluster else [])]
+    return agent_command(executable, "wal-fetch", *flags, "%f", "%p")
+
+
+def _touch(path: Path) -> None:
+    path.touch(mode=0o600)
+    give_to_pg(path)
+
+
+def write_standby_config(
+    pgdata: Path | str,
+    primary_conninfo: str,
+    slot: str | None = None,
+    restore_command: str | None = None,
+) -> None:
+    """Make `pgdata` start as a standby following `primary_conninfo` (standby.signal + settings)."""
+    pgdata = Path(pgdata)
+    changes: dict[str, Setting | None] = {
+        "primary_conninfo": primary_conninfo,
+        "primary_slot_name": slot,
+        "recovery_target_timeline": "latest",
+        **dict.fromkeys(_RECOVERY_TARGETS),
+    }
+    if restore_command is not None:
+        changes["restore_command"] = restore_command
+    update_pgherd_conf(pgdata, changes)
+    (pgdata / "recovery.signal").unlink(missing_ok=True)
+    _touch(pgdata / "standby.signal")
+
+
+def clear_standby_config(pgdata: Path | str) -> None:
+    """Forget the primary (the member will start as a primary: only the operator decides that)."""
+    pgdata = Path(pgdata)
+    update_pgherd_conf(pgdata, {"primary_conninfo": None, "primary_slot_name": None})
+    (pgdata / "standby.signal").unlink(missing_ok=True)
+
+
+def write_recovery_config(
+    pgdata: Path | str,
+    *,
+    restore_command: str,
+    target: Mapping[str, Setting] | None = None,
+) -> None:
+    """Targeted recovery from the archive, promoting at the end (recovery.signal + settings)."""
+    pgdata = Path(pgdata)
+    changes: dict[str, Setting | None] = {
+        "restore_command": restore_command,
+        "primary_conninfo": None,
+        "primary_slot_name": None,
+        "recovery_target_timeline": "latest",
+        **dict.fromkeys(_RECOVERY_TARGETS),
+    }
+    if target:
+        changes.update(target)
+        changes["recovery_target_action"] = "promote"
+    update_pgherd_conf(pgdata, changes)
+    (pgdata / "standby.signal").unlink(missing_ok=True)
+    _touch(pgdata / "recovery.signal")

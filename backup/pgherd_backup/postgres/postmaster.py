@@ -1,0 +1,138 @@
+"""Start, stop, kill and promote a postmaster (pg_ctl, as the PostgreSQL account)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from pgherd_backup.errors import PostgresError
+from pgherd_backup.postgres.binaries import PgBinaries
+from pgherd_backup.postgres.process import give_to_pg, pg_popen, pg_run
+
+
+def default_log_file(pgdata: Path | str) -> Path:
+    """The server log lives beside the data directory: never inside it, where snapshots would copy it."""
+    pgdata = Path(pgdata)
+    return pgdata.parent / f"{pgdata.name}.log"
+
+
+def postmaster_pid(pgdata: Path | str) -> int | None:
+    """The postmaster's pid when one is running on `pgdata`."""
+    try:
+        first = (Path(pgdata) / "postmaster.pid").read_text().split("\n", 1)[0]
+        pid = int(first)
+    except (OSError, ValueError):
+        return None
+    return pid if _alive(pid) else None
+
+
+def is_running(pgdata: Path | str) -> bool:
+    return postmaster_pid(pgdata) is not None
+
+
+def start(
+    pgdata: Path | str,
+    *,
+    bins: PgBinaries | None = None,
+    log_file: Path | str | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 60,
+    wait: bool = True,
+) -> None:
+    """Start the postmaster; with `wait`, return once it accepts connections (standbys: once consistent)."""
+    bins = bins or PgBinaries.find()
+    log = Path(log_file) if log_file else default_log_file(pgdata)
+    log.touch(exist_ok=True)
+    give_to_pg(log)
+    args = [bins.pg_ctl, "start", "-D", str(pgdata), "-l", str(log), "-t", str(int(timeout))]
+    args.append("-w" if wait else "-W")
+    result = pg_run(args, env=env, timeout=timeout + 15, check=False, what="pg_ctl start")
+    if result.returncode != 0:
+        tail = log.read_text(errors="replace").strip().splitlines()[-6:] if log.exists() else []
+        raise PostgresError(
+            f"PostgreSQL did not start on {pgdata} (pg_ctl exit {result.returncode}); last log lines: "
+            + " | ".join(tail)
+        )
+
+
+def run_foreground(pgdata: Path | str, *, bins: PgBinaries | None = None, env: Mapping[str, str] | None = None) -> int:
+    """Run the postmaster in the foreground (container entrypoint); returns its exit status."""
+    bins = bins or PgBinaries.find()
+    proc = pg_popen([bins.postgres, "-D", str(pgdata)], env=env)
+
+    def forward(signum: int, _frame: object) -> None:
+        proc.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, forward)
+    return proc.wait()
+
+
+def stop(pgdata: Path | str, *, bins: PgBinaries | None = None, mode: str = "fast", timeout: float = 60) -> None:
+    """Stop the postmaster (no-op when it is not running)."""
+    if not is_running(pgdata):
+        return
+    bins = bins or PgBinaries.find()
+    pg_run(
+        [bins.pg_ctl, "stop", "-D", str(pgdata), "-m", mode, "-w", "-t", str(int(timeout))],
+        timeout=timeout + 15,
+        what="pg_ctl stop",
+    )
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if len(fields) > 1 and int(fields[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def kill(pgdata: Path | str, *, timeout: float = 10) -> None:
+    """SIGKILL the postmaster and its children: a crash (tests, fencing). Returns once they are gone."""
+    pid = postmaster_pid(pgdata)
+    if pid is None:
+        return
+    victims = [pid, *_children(pid)]
+    for victim in victims:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    for victim in victims:
+        while _alive(victim) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie waiting for its parent to reap it counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2 :].split()[0] not in ("Z", "X")
+
+
+def promote(pgdata: Path | str, *, bins: PgBinaries | None = None, timeout: float = 60) -> None:
+    """Promote a standby (the operator's decision, never the member's own)."""
+    bins = bins or PgBinaries.find()
+    pg_run(
+        [bins.pg_ctl, "promote", "-D", str(pgdata), "-w", "-t", str(int(timeout))],
+        timeout=timeout + 15,
+        what="pg_ctl promote",
+    )
+
+
+def reload(pgdata: Path | str, *, bins: PgBinaries | None = None) -> None:
+    bins = bins or PgBinaries.find()
+    pg_run([bins.pg_ctl, "reload", "-D", str(pgdata)], what="pg_ctl reload")

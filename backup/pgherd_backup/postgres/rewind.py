@@ -1,0 +1,82 @@
+"""Rejoin a member whose timeline diverged (an old primary after a failover) as a standby:
+pg_rewind, or when that fails a fresh clone, the old directory kept aside (never deleted)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pgherd_backup.errors import PostgresError
+from pgherd_backup.postgres import postmaster
+from pgherd_backup.postgres.binaries import PgBinaries
+from pgherd_backup.postgres.config import read_pgherd_conf, write_pgherd_conf, write_standby_config
+from pgherd_backup.postgres.process import pg_run
+from pgherd_backup.postgres.seed import basebackup_seed
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RejoinResult:
+    method: str  # "rewind", "none" (nothing to rewind) or "reclone"
+    kept_aside: Path | None = None
+    detail: str = ""
+
+
+def aside_path(pgdata: Path) -> Path:
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    candidate = pgdata.with_name(f"{pgdata.name}.pgherd-old-{stamp}")
+    suffix = 1
+    while candidate.exists():
+        suffix += 1
+        candidate = pgdata.with_name(f"{pgdata.name}.pgherd-old-{stamp}-{suffix}")
+    return candidate
+
+
+def rewind(pgdata: Path, primary_dsn: str, *, bins: PgBinaries, use_archive: bool) -> str:
+    """Run pg_rewind (the target must be stopped); returns "rewind" or "none"; raises on failure."""
+    args = [bins.pg_rewind, f"--target-pgdata={pgdata}", f"--source-server={primary_dsn}", "--progress"]
+    if use_archive:
+        args.append("--restore-target-wal")
+    result = pg_run(args, what="pg_rewind", timeout=3600)
+    return "none" if "no rewind required" in (result.stdout + result.stderr) else "rewind"
+
+
+def rejoin_as_standby(
+    pgdata: Path | str,
+    primary_dsn: str,
+    *,
+    bins: PgBinaries | None = None,
+    primary_conninfo: str | None = None,
+    slot: str | None = None,
+    restore_command: str | None = None,
+    allow_reclone: bool = True,
+) -> RejoinResult:
+    """Make `pgdata` a standby of `primary_dsn` again, keeping this member's own settings."""
+    pgdata = Path(pgdata)
+    bins = bins or PgBinaries.find()
+    own = read_pgherd_conf(pgdata)  # pg_rewind and a clone both bring the primary's copy
+    if postmaster.is_running(pgdata):
+        try:
+            postmaster.stop(pgdata, bins=bins, mode="fast", timeout=60)
+        except PostgresError:
+            postmaster.kill(pgdata)
+    restore = restore_command or own.get("restore_command") or None
+    conninfo = primary_conninfo or primary_dsn
+    try:
+        method = rewind(pgdata, primary_dsn, bins=bins, use_archive=bool(own.get("restore_command")))
+    except PostgresError as exc:
+        if not allow_reclone:
+            raise
+        kept = aside_path(pgdata)
+        log.warning("pg_rewind failed (%s): cloning the primary again, old data kept in %s", exc, kept)
+        os.rename(pgdata, kept)
+        basebackup_seed(pgdata, primary_dsn, bins=bins, settings=own, primary_conninfo=conninfo, slot=slot,
+                        restore_command=restore)
+        return RejoinResult("reclone", kept, str(exc))
+    write_pgherd_conf(pgdata, own)
+    write_standby_config(pgdata, conninfo, slot=slot, restore_command=restore)
+    return RejoinResult(method)

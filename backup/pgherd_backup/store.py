@@ -1,0 +1,399 @@
+"""The S3 object store: where it is, how to reach it, and the few operations the agent needs.
+
+Every request goes through `Store._call`, which retries transient failures a bounded number of
+times (tenacity) and turns the others into one `StoreError` naming the operation, the object and
+what to check. boto3 is imported lazily: `wal-push` runs once per WAL segment and its start-up
+time matters.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, TypeVar
+
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from pgherd_backup.errors import ObjectMissing, StoreError
+
+T = TypeVar("T")
+
+_CREDENTIAL_CODES = {
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "AccessDenied",
+    "InvalidToken",
+    "ExpiredToken",
+    "AuthorizationHeaderMalformed",
+    "403",
+    "Forbidden",
+}
+_TRANSIENT_CODES = {
+    "SlowDown",
+    "RequestTimeout",
+    "RequestTimeTooSkewed",
+    "InternalError",
+    "ServiceUnavailable",
+    "Throttling",
+    "ThrottlingException",
+    "500",
+    "502",
+    "503",
+    "504",
+}
+_MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
+
+
+@dataclass(frozen=True)
+class StoreLocation:
+    """`s3://bucket/path` plus the cluster name: the root of one cluster's archives."""
+
+    bucket: str
+    path: str
+    cluster: str
+
+    @classmethod
+    def parse(cls, url: str, cluster: str) -> StoreLocation:
+        match = re.fullmatch(r"s3://([^/]+)/?(.*)", url.strip())
+        if not match:
+            raise StoreError(f"invalid store URL {url!r}: expected s3://bucket/path")
+        if not cluster or "/" in cluster:
+            raise StoreError(f"invalid cluster name {cluster!r}: expected a non-empty name without '/'")
+        return cls(bucket=match.group(1), path=match.group(2).strip("/"), cluster=cluster)
+
+    @property
+    def cluster_prefix(self) -> str:
+        """Key prefix (ending in '/') of every object of this cluster, across system ids."""
+        return f"{self.path}/{self.cluster}/" if self.path else f"{self.cluster}/"
+
+    def system_prefix(self, system_id: str) -> str:
+        return f"{self.cluster_prefix}{system_id}/"
+
+    def url(self) -> str:
+        return f"s3://{self.bucket}/{self.path}" if self.path else f"s3://{self.bucket}"
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    """How to reach S3: endpoint, region and credentials (standard AWS variables by default)."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: str | None = field(default=None, repr=False)
+    force_path_style: bool | None = None
+    sign_payload: bool = False
+    retries: int = 5
+    connect_timeout: float = 5.0
+    read_timeout: float = 60.0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> S3Settings:
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {
+            "endpoint_url": env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None,
+            "region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
+            "access_key_id": env.get("AWS_ACCESS_KEY_ID") or None,
+            "secret_access_key": env.get("AWS_SECRET_ACCESS_KEY") or None,
+            "sign_payload": env.get("PGHERD_S3_SIGN_PAYLOAD", "") in {"1", "true", "yes"},
+        }
+        if env.get("PGHERD_S3_FORCE_PATH_STYLE"):
+            values["force_path_style"] = env["PGHERD_S3_FORCE_PATH_STYLE"] in {"1", "true", "yes"}
+        if env.get("PGHERD_S3_RETRIES"):
+            values["retries"] = max(1, int(env["PGHERD_S3_RETRIES"]))
+        if env.get("PGHERD_S3_CONNECT_TIMEOUT"):
+            values["connect_timeout"] = float(env["PGHERD_S3_CONNECT_TIMEOUT"])
+        if env.get("PGHERD_S3_READ_TIMEOUT"):
+            values["read_timeout"] = float(env["PGHERD_S3_READ_TIMEOUT"])
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    last_modified: datetime
+
+
+def _error_code(exc: BaseException) -> str:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        code = response.get("Error", {}).get("Code")
+        if code:
+            return str(code)
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if status:
+            return str(status)
+    return ""
+
+
+def _is_connection_error(exc: BaseException) -> bool:
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+    from botocore.exceptions import HTTPClientError
+
+    return isinstance(exc, BotoConnectionError | HTTPClientError | ConnectionError | TimeoutError)
+
+
+def _is_transient(exc: BaseException) -> bool:
+    if _is_connection_error(exc):
+        return True
+    return _error_code(exc) in _TRANSIENT_CODES
+
+
+class Store:
+    """One cluster's archive in S3. Thread-safe: the boto3 client is shared by worker threads."""
+
+    def __init__(self, location: StoreLocation, settings: S3Settings | None = None, *, pool: int = 16) -> None:
+        self.location = location
+        self.settings = settings or S3Settings.from_env()
+        self._pool = pool
+        self._client: Any = None
+
+    @property
+    def bucket(self) -> str:
+        return self.location.bucket
+
+    @property
+    def endpoint(self) -> str:
+        return self.settings.endpoint_url or "the default AWS S3 endpoint"
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = self._make_client()
+        return self._client
+
+    def _make_client(self) -> Any:
+        import boto3
+        from botocore.config import Config
+
+        s = self.settings
+        s3_options: dict[str, Any] = {"payload_signing_enabled": s.sign_payload}
+        if s.force_path_style or (s.force_path_style is None and s.endpoint_url):
+            s3_options["addressing_style"] = "path"
+        config_args: dict[str, Any] = {
+            "max_pool_connections": self._pool,
+            "retries": {"max_attempts": 1, "mode": "standard"},
+            "connect_timeout": s.connect_timeout,
+            "read_timeout": s.read_timeout,
+            "tcp_keepalive": True,
+            "s3": s3_options,
+            "signature_version": "s3v4",
+        }
+        try:
+            config = Config(
+                **config_args,
+                request_checksum_calculation="when_required",
+                response_checksum_validation="when_required",
+            )
+        except TypeError:  # botocore older than 1.36 has no flexible checksums to turn off
+            config = Config(**config_args)
+        session = boto3.session.Session()
+        return session.client(
+            "s3",
+            endpoint_url=s.endpoint_url,
+            region_name=s.region or "us-east-1",
+            aws_access_key_id=s.access_key_id,
+            aws_secret_access_key=s.secret_access_key,
+            config=config,
+        )
+
+    # -- error handling -------------------------------------------------------------------------
+
+    def _translate(self, exc: BaseException, action: str, key: str | None) -> StoreError:
+        where = f"s3://{self.bucket}/{key}" if key else f"bucket {self.bucket!r}"
+        code = _error_code(exc)
+        if _is_connection_error(exc):
+            return StoreError(
+                f"cannot reach the S3 endpoint {self.endpoint} while {action} {where}: {exc}. "
+                "Check AWS_ENDPOINT_URL (or --endpoint) and that the object store is up."
+            )
+        if code == "NoSuchBucket":
+            return StoreError(
+                f"bucket {self.bucket!r} does not exist at {self.endpoint} (while {action} {where}). "
+                "Create the bucket or fix the --store URL."
+            )
+        if code in _CREDENTIAL_CODES:
+            return StoreError(
+                f"S3 refused the credentials ({code}) while {action} {where}. "
+                "Check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and the bucket's access policy."
+            )
+        if code in _MISSING_CODES and key is not None:
+            return ObjectMissing(f"object {where} does not exist", key)
+        if code == "NoCredentialsError" or type(exc).__name__ == "NoCredentialsError":
+            return StoreError("no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+        detail = str(exc) or type(exc).__name__
+        return StoreError(f"S3 request failed while {action} {where}: {detail}")
+
+    def _call(self, action: str, key: str | None, fn: Callable[[], T]) -> T:
+        """Run one request, retrying transient failures with exponential back-off."""
+
+        def give_up(state: RetryCallState) -> T:
+            outcome = state.outcome
+            assert outcome is not None
+            exc = outcome.exception()
+            assert exc is not None
+            raise self._translate(exc, action, key) from None
+
+        retrying = Retrying(
+            retry=retry_if_exception(_is_transient),
+            stop=stop_after_attempt(self.settings.retries),
+            wait=wait_exponential(multiplier=0.2, max=5),
+            retry_error_callback=give_up,
+            reraise=False,
+        )
+        try:
+            return retrying(fn)
+        except StoreError:
+            raise
+        except Exception as exc:
+            from botocore.exceptions import BotoCoreError, ClientError
+
+            if isinstance(exc, ClientError | BotoCoreError):
+                raise self._translate(exc, action, key) from None
+            raise
+
+    # -- operations -----------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Fail early, with a clear message, when the bucket is unreachable, missing or forbidden."""
+
+        def head() -> None:
+            try:
+                self.client.head_bucket(Bucket=self.bucket)
+            except Exception as exc:
+                if _error_code(exc) in {"404", "NoSuchBucket", "NotFound"}:
+                    from botocore.exceptions import ClientError
+
+                    raise ClientError(
+                        {"Error": {"Code": "NoSuchBucket", "Message": "no such bucket"}}, "HeadBucket"
+                    ) from exc
+                raise
+
+        self._call("checking", None, head)
+
+    def put_bytes(self, key: str, data: bytes, content_type: str = "application/octet-stream") -> None:
+        self._call(
+            "uploading",
+            key,
+            lambda: self.client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType=content_type),
+        )
+
+    def get_bytes(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
+        """The object's bytes; `byte_range` is (first, last) inclusive."""
+
+        def get() -> bytes:
+            args: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
+            if byte_range is not None:
+                args["Range"] = f"bytes={byte_range[0]}-{byte_range[1]}"
+            body = self.client.get_object(**args)["Body"]
+            try:
+                data: bytes = body.read()
+            finally:
+                body.close()
+            return data
+
+        return self._call("downloading", key, get)
+
+    def head(self, key: str) -> ObjectInfo | None:
+        def head() -> ObjectInfo | None:
+            try:
+                r = self.client.head_object(Bucket=self.bucket, Key=key)
+            except Exception as exc:
+                if _error_code(exc) in _MISSING_CODES:
+                    return None
+                raise
+            return ObjectInfo(key, int(r["ContentLength"]), r["LastModified"])
+
+        return self._call("inspecting", key, head)
+
+    def exists(self, key: str) -> bool:
+        return self.head(key) is not None
+
+    def list_objects(self, prefix: str) -> Iterator[ObjectInfo]:
+        token: str | None = None
+        while True:
+            args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
+            if token:
+                args["ContinuationToken"] = token
+            page = self._call("listing", prefix, lambda a=args: self.client.list_objects_v2(**a))  # type: ignore[misc]
+            for item in page.get("Contents", []):
+                yield ObjectInfo(item["Key"], int(item["Size"]), item["LastModified"])
+            if not page.get("IsTruncated"):
+                return
+            token = page.get("NextContinuationToken")
+
+    def list_prefixes(self, prefix: str) -> list[str]:
+        """The "sub-directories" right under `prefix` (which ends in '/'), without the prefix."""
+        names: list[str] = []
+        token: str | None = None
+        while True:
+            args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "Delimiter": "/"}
+            if token:
+                args["ContinuationToken"] = token
+            page = self._call("listing", prefix, lambda a=args: self.client.list_objects_v2(**a))  # type: ignore[misc]
+            for item in page.get("CommonPrefixes", []):
+                names.append(item["Prefix"][len(prefix) :].rstrip("/"))
+            if not page.get("IsTruncated"):
+                return names
+            token = page.get("NextContinuationToken")
+
+    def delete(self, keys: list[str]) -> None:
+        for start in range(0, len(keys), 1000):
+            batch = keys[start : start + 1000]
+            objects = [{"Key": k} for k in batch]
+
+            def delete_batch(objs: list[dict[str, str]] = objects) -> None:
+                r = self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": objs, "Quiet": True})
+                errors = r.get("Errors") or []
+                if errors:
+                    first = errors[0]
+                    raise StoreError(
+                        f"S3 refused to delete s3://{self.bucket}/{first.get('Key')}: "
+                        f"{first.get('Code')} {first.get('Message')}"
+                    )
+
+            self._call("deleting", batch[0], delete_batch)
+
+    # -- multipart uploads ----------------------------------------------------------------------
+
+    def start_multipart(self, key: str) -> str:
+        r = self._call(
+            "starting the upload of",
+            key,
+            lambda: self.client.create_multipart_upload(
+                Bucket=self.bucket, Key=key, ContentType="application/octet-stream"
+            ),
+        )
+        return str(r["UploadId"])
+
+    def upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> str:
+        r = self._call(
+            f"uploading part {number} of",
+            key,
+            lambda: self.client.upload_part(
+                Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=data
+            ),
+        )
+        return str(r["ETag"])
+
+    def complete_multipart(self, key: str, upload_id: str, etags: list[str]) -> None:
+        parts = [{"ETag": etag, "PartNumber": i + 1} for i, etag in enumerate(etags)]
+        self._call(
+            "completing the upload of",
+            key,
+            lambda: self.client.complete_multipart_upload(
+                Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+            ),
+        )
+
+    def abort_multipart(self, key: str, upload_id: str) -> None:
+        """Best effort: an abort that fails leaves an invisible upload, never a visible object."""
+        try:
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+        except Exception:  # noqa: S110 - the store may be the reason we are aborting
+            pass

@@ -1,0 +1,3 @@
+"""pgherd: the control plane of the pgherd PostgreSQL operator."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,430 @@
+"""PostgresCluster: the desired state of one highly available PostgreSQL cluster, and its status."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, field_validator
+
+from pgherd.api.common import (
+    NAME_PATTERN,
+    QUANTITY_PATTERN,
+    ApiModel,
+    Condition,
+    RecoveryTarget,
+    StatusModel,
+    cel,
+    rule,
+)
+
+KIND = "PostgresCluster"
+PLURAL = "postgresclusters"
+SINGULAR = "postgrescluster"
+SHORT_NAMES = ["pgc"]
+
+# postgresql.conf settings that the operator owns: a user setting one of them would break replication,
+# archiving, failover or the pod's layout. Refused at admission by a CEL rule (case-insensitive, as
+# PostgreSQL treats setting names).
+OPERATOR_OWNED_PARAMETERS: tuple[str, ...] = (
+    "port",
+    "listen_addresses",
+    "unix_socket_directories",
+    "archive_mode",
+    "archive_command",
+    "archive_library",
+    "restore_command",
+    "recovery_target",
+    "recovery_target_name",
+    "recovery_target_time",
+    "recovery_target_lsn",
+    "recovery_target_xid",
+    "recovery_target_inclusive",
+    "recovery_target_action",
+    "recovery_target_timeline",
+    "primary_conninfo",
+    "primary_slot_name",
+    "promote_trigger_file",
+    "synchronous_standby_names",
+    "synchronous_commit",
+    "hot_standby",
+    "wal_level",
+    "wal_log_hints",
+    "data_directory",
+    "config_file",
+    "hba_file",
+    "ident_file",
+    "external_pid_file",
+    "cluster_name",
+    "ssl_cert_file",
+    "ssl_key_file",
+    "ssl_ca_file",
+)
+
+_OWNED_REGEX = "(?i)^(" + "|".join(OPERATOR_OWNED_PARAMETERS) + ")$"
+
+# Five cron fields (minute hour day-of-month month day-of-week), or a @macro.
+CRON_PATTERN = (
+    r"^(@(yearly|annually|monthly|weekly|daily|hourly)"
+    r"|([0-9*/,?A-Za-z-]+\s+){4}[0-9*/,?A-Za-z-]+)$"
+)
+# A retention window: a number and a unit (minutes, hours, days, weeks), e.g. 7d, 36h, 2w.
+DURATION_PATTERN = r"^[1-9][0-9]*(m|h|d|w)$"
+S3_BUCKET_PATTERN = r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$"
+
+
+class ReplicationMode(StrEnum):
+    QUORUM = "quorum"
+    ASYNC = "async"
+
+
+class PrimaryUpdateMethod(StrEnum):
+    SWITCHOVER = "switchover"
+    RESTART = "restart"
+
+
+class Compression(StrEnum):
+    ZSTD = "zstd"
+    LZ4 = "lz4"
+    GZIP = "gzip"
+    NONE = "none"
+
+
+class OnQuorumLoss(StrEnum):
+    WAIT = "Wait"
+    RESTORE_FROM_BACKUP = "RestoreFromBackup"
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    CREATING = "Creating"
+    RUNNING = "Running"
+    DEGRADED = "Degraded"
+    SCALING = "Scaling"
+    UPGRADING = "Upgrading"
+    SWITCHING_OVER = "SwitchingOver"
+    FAILING_OVER = "FailingOver"
+    QUORUM_LOST = "QuorumLost"
+    RECOVERING = "Recovering"
+    RESTORING = "Restoring"
+    PAUSED = "Paused"
+    FAILED = "Failed"
+    DELETING = "Deleting"
+
+
+class Storage(ApiModel):
+    size: str = Field(
+        default="1Gi",
+        pattern=QUANTITY_PATTERN,
+        description="Size of each member's data volume, a Kubernetes quantity such as 10Gi.",
+    )
+    storage_class_name: str | None = Field(
+        default=None, description="StorageClass of the data volumes; the cluster default when unset."
+    )
+
+
+class Resources(ApiModel):
+    """CPU and memory of each PostgreSQL container (core/v1 ResourceRequirements, without claims)."""
+
+    requests: dict[str, str] | None = Field(
+        default=None,
+        description="Minimum resources, e.g. {cpu: 500m, memory: 1Gi}.",
+        json_schema_extra={"additionalProperties": {"type": "string", "pattern": QUANTITY_PATTERN}},
+    )
+    limits: dict[str, str] | None = Field(
+        default=None,
+        description="Maximum resources, e.g. {memory: 2Gi}.",
+        json_schema_extra={"additionalProperties": {"type": "string", "pattern": QUANTITY_PATTERN}},
+    )
+
+
+class Replication(ApiModel):
+    mode: ReplicationMode | None = Field(
+        default=None,
+        description=(
+            "quorum: a commit is acknowledged once a majority of members, primary included, has it"
+            " (the default with 3 or more instances); async: the primary acknowledges alone."
+        ),
+    )
+
+
+class Failover(ApiModel):
+    enabled: bool = Field(default=True, description="Promote a replica automatically when the primary fails.")
+    detection_seconds: int = Field(
+        default=5,
+        ge=1,
+        le=300,
+        description=(
+            "How long the primary must be unreachable, and a majority of members agree,"
+            " before it is declared failed."
+        ),
+    )
+
+
+class Upgrade(ApiModel):
+    primary_update_method: PrimaryUpdateMethod = Field(
+        default=PrimaryUpdateMethod.SWITCHOVER,
+        description=(
+            "How the primary is updated last in a rolling update: switchover to an updated replica"
+            " (default) or restart in place."
+        ),
+    )
+
+
+class S3Credentials(ApiModel):
+    secret_name: str = Field(
+        min_length=1, pattern=NAME_PATTERN, description="Secret in the cluster's namespace holding the keys."
+    )
+    access_key_id_key: str = Field(default="AWS_ACCESS_KEY_ID", min_length=1)
+    secret_access_key_key: str = Field(default="AWS_SECRET_ACCESS_KEY", min_length=1)
+
+
+class S3Store(ApiModel):
+    bucket: str = Field(pattern=S3_BUCKET_PATTERN, description="Bucket name (must exist).")
+    path: str = Field(
+        default="",
+        max_length=512,
+        description="Prefix inside the bucket; snapshots go under <path>/<cluster>/.",
+    )
+    endpoint: str | None = Field(
+        default=None,
+        pattern=r"^https?://[^\s/]+(/.*)?$",
+        description="S3 endpoint URL for MinIO, Ceph, R2...; AWS when unset.",
+    )
+    region: str = Field(default="us-east-1", min_length=1)
+    force_path_style: bool = Field(default=False, description="Address the bucket in the path (MinIO).")
+    credentials: S3Credentials = Field(description="Where the access keys are: always a Secret.")
+
+
+class BackupStore(ApiModel):
+    s3: S3Store
+
+
+class Retention(ApiModel):
+    keep_last: int | None = Field(default=None, ge=1, description="Keep at least this many snapshots.")
+    keep_within: str | None = Field(
+        default=None,
+        pattern=DURATION_PATTERN,
+        description="Keep every snapshot younger than this (e.g. 7d, 36h, 2w).",
+    )
+
+
+class BackupSpec(ApiModel):
+    store: BackupStore | None = None
+    wal_archiving: bool | None = Field(
+        default=None,
+        description="Archive WAL to the store for point-in-time recovery; true by default when a store is set.",
+    )
+    schedule: str | None = Field(
+        default=None,
+        pattern=CRON_PATTERN,
+        description="When to take scheduled snapshots, 5-field cron (UTC), e.g. '0 3 * * *'.",
+    )
+    retention: Retention | None = None
+    compression: Compression = Field(default=Compression.ZSTD)
+
+    @property
+    def archiving_enabled(self) -> bool:
+        if self.store is None:
+            return False
+        return True if self.wal_archiving is None else self.wal_archiving
+
+
+class InitdbBootstrap(ApiModel):
+    database: str = Field(default="app", min_length=1, max_length=63, pattern=r"^[a-z_][a-z0-9_]*$")
+    owner: str = Field(default="app", min_length=1, max_length=63, pattern=r"^[a-z_][a-z0-9_]*$")
+
+
+class FromBackupBootstrap(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            rule(
+                "has(self.backup) != has(self.snapshotId)",
+                "bootstrap.fromBackup: set exactly one of backup, snapshotId",
+            )
+        )
+    )
+
+    backup: str | None = Field(
+        default=None, pattern=NAME_PATTERN, description="A Backup object to start from."
+    )
+    snapshot_id: str | None = Field(default=None, min_length=1, description="A snapshot id in the store.")
+    cluster: str | None = Field(
+        default=None,
+        pattern=NAME_PATTERN,
+        description="The cluster whose archive holds the snapshot; this cluster's name when unset.",
+    )
+    store: BackupStore | None = Field(
+        default=None, description="Where the snapshot is; spec.backup.store when unset."
+    )
+    target: RecoveryTarget | None = None
+
+
+class Bootstrap(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            rule(
+                "has(self.initdb) != has(self.fromBackup)",
+                "bootstrap: set exactly one of initdb, fromBackup",
+            )
+        )
+    )
+
+    initdb: InitdbBootstrap | None = None
+    from_backup: FromBackupBootstrap | None = None
+
+
+class Recovery(ApiModel):
+    on_quorum_loss: OnQuorumLoss = Field(
+        default=OnQuorumLoss.WAIT,
+        description=(
+            "When a majority of members is lost: Wait (report QuorumLost, promote nothing) or"
+            " RestoreFromBackup (fence the survivors, restore from recovery.backup, rebuild)."
+        ),
+    )
+    backup: str = Field(
+        default="latest",
+        pattern=r"^(latest|[a-z0-9]([-a-z0-9]*[a-z0-9])?)$",
+        description="The snapshot to recover from: latest, or the name of a Backup object.",
+    )
+
+
+_SPEC_RULES = cel(
+    rule(
+        "!has(self.parameters) || !self.parameters.exists(k, k.matches('" + _OWNED_REGEX + "'))",
+        "parameters: settings owned by the operator cannot be set (port, listen_addresses, archive_mode,"
+        " archive_command, restore_command, primary_conninfo, primary_slot_name, synchronous_standby_names,"
+        " hot_standby, wal_level, data_directory, hba_file, ident_file, ...)",
+        ".parameters",
+    ),
+    rule(
+        "has(self.bootstrap) == has(oldSelf.bootstrap) && (!has(self.bootstrap) || self.bootstrap == oldSelf.bootstrap)",
+        "bootstrap is immutable after creation",
+        ".bootstrap",
+    ),
+    rule(
+        "!has(self.bootstrap) || !has(self.bootstrap.fromBackup) || has(self.bootstrap.fromBackup.backup)"
+        " || has(self.bootstrap.fromBackup.store) || (has(self.backup) && has(self.backup.store))",
+        "bootstrap.fromBackup.snapshotId needs a store: set bootstrap.fromBackup.store or backup.store",
+        ".bootstrap.fromBackup",
+    ),
+    rule(
+        "!has(self.recovery) || self.recovery.onQuorumLoss != 'RestoreFromBackup'"
+        " || (has(self.backup) && has(self.backup.store))",
+        "recovery.onQuorumLoss: RestoreFromBackup needs backup.store",
+        ".recovery.onQuorumLoss",
+    ),
+    rule(
+        "!has(self.backup) || !has(self.backup.schedule) || has(self.backup.store)",
+        "backup.schedule needs backup.store",
+        ".backup.schedule",
+    ),
+    rule(
+        "!has(self.backup) || !has(self.backup.walArchiving) || !self.backup.walArchiving"
+        " || has(self.backup.store)",
+        "backup.walArchiving needs backup.store",
+        ".backup.walArchiving",
+    ),
+    rule(
+        "!has(self.replication) || !has(self.replication.mode) || self.replication.mode != 'quorum'"
+        " || self.instances != 2",
+        "replication.mode: quorum with 2 instances would stop all writes when either member is down;"
+        " use 1, 3 or more instances, or async",
+        ".replication.mode",
+    ),
+)
+
+
+class PostgresClusterSpec(ApiModel):
+    model_config = ConfigDict(json_schema_extra=_SPEC_RULES)
+
+    instances: int = Field(default=3, ge=1, le=15, description="Number of members (1..15).")
+    postgres_version: int = Field(
+        default=16, ge=13, le=18, description="PostgreSQL major version, e.g. 16; ignored when image is set."
+    )
+    image: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Container image; the pgherd image for postgresVersion when unset.",
+    )
+    storage: Storage = Field(default_factory=Storage)
+    resources: Resources | None = None
+    parameters: dict[str, str] | None = Field(
+        default=None,
+        description="postgresql.conf settings (values are strings), e.g. {max_connections: '200'}.",
+        json_schema_extra={"additionalProperties": {"type": "string"}},
+    )
+    replication: Replication = Field(default_factory=Replication)
+    failover: Failover = Field(default_factory=Failover)
+    upgrade: Upgrade = Field(default_factory=Upgrade)
+    bootstrap: Bootstrap | None = Field(
+        default=None, description="How the first member's data is made; initdb when unset. Immutable."
+    )
+    backup: BackupSpec | None = None
+    recovery: Recovery = Field(default_factory=Recovery)
+    paused: bool = Field(default=False, description="Observe and report only; take no action.")
+
+    @field_validator("parameters")
+    @classmethod
+    def _refuse_owned_parameters(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        # The CRD refuses these at admission; the operator checks again for objects stored before a rule
+        # existed, so that an owned setting can never reach postgresql.conf.
+        owned = sorted(k for k in (value or {}) if k.lower() in OPERATOR_OWNED_PARAMETERS)
+        if owned:
+            raise ValueError(f"settings owned by the operator cannot be set: {', '.join(owned)}")
+        return value
+
+    @property
+    def replication_mode(self) -> ReplicationMode:
+        """The effective mode: quorum by default from 3 instances up."""
+        if self.replication.mode is not None:
+            return self.replication.mode
+        return ReplicationMode.QUORUM if self.instances >= 3 else ReplicationMode.ASYNC
+
+    @property
+    def effective_bootstrap(self) -> Bootstrap:
+        return self.bootstrap if self.bootstrap is not None else Bootstrap(initdb=InitdbBootstrap())
+
+
+class Member(StatusModel):
+    name: str
+    role: Literal["primary", "replica", "unknown", "fenced"] = "unknown"
+    ready: bool = False
+    reachable: bool = False
+    timeline: int | None = None
+    received_lsn: str | None = Field(default=None, alias="receivedLSN")
+    replayed_lsn: str | None = Field(default=None, alias="replayedLSN")
+    lag_bytes: int | None = None
+
+
+class PostgresClusterStatus(StatusModel):
+    phase: Phase = Phase.PENDING
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int | None = None
+    current_primary: str | None = None
+    target_primary: str | None = None
+    instances: int | None = None
+    ready_instances: int | None = None
+    selector: str | None = Field(
+        default=None, description="Label selector of the members (scale subresource)."
+    )
+    members: list[Member] = Field(default_factory=list)
+    timeline: int | None = None
+    image: str | None = None
+    system_identifier: str | None = None
+    operation: dict[str, Any] | None = Field(
+        default=None,
+        description="The multi-step operation in progress: its kind, plan and the steps done.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    last_successful_backup: str | None = None
+    first_recoverability_point: str | None = None
+    message: str | None = None
+
+
+class PostgresCluster(ApiModel):
+    api_version: Literal["pgherd.io/v1alpha1"] = "pgherd.io/v1alpha1"
+    kind: Literal["PostgresCluster"] = "PostgresCluster"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: PostgresClusterSpec = Field(default_factory=PostgresClusterSpec)
+    status: PostgresClusterStatus | None = None

@@ -1,0 +1,1 @@
+"""Subcommands of the `pgherd` CLI, one module each."""

@@ -1,0 +1,41 @@
+"""The conditions the engine reports (metav1.Condition without the timestamps, which the adapter adds
+when a condition's status changes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class ConditionType(StrEnum):
+    READY = "Ready"  # every member ready, primary writable, nothing in progress
+    PRIMARY_AVAILABLE = "PrimaryAvailable"
+    QUORUM_HEALTHY = "QuorumHealthy"  # a majority of the voters reachable; sync standbys in place
+    PROGRESSING = "Progressing"  # an operation runs (True) / was aborted (False) / none (absent)
+    CONTINUOUS_ARCHIVING = "ContinuousArchiving"
+    LAST_BACKUP_SUCCEEDED = "LastBackupSucceeded"
+    WAITING = "Waiting"  # why the engine takes no action while the cluster is not Running
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: ConditionType
+    status: bool | None  # None: Unknown
+    reason: str
+    message: str = ""
+
+    @property
+    def status_text(self) -> str:
+        return "Unknown" if self.status is None else ("True" if self.status else "False")
+
+
+def true(kind: ConditionType, reason: str, message: str = "") -> Condition:
+    return Condition(kind, True, reason, message)
+
+
+def false(kind: ConditionType, reason: str, message: str = "") -> Condition:
+    return Condition(kind, False, reason, message)
+
+
+def unknown(kind: ConditionType, reason: str, message: str = "") -> Condition:
+    return Condition(kind, None, reason, message)

@@ -1,0 +1,110 @@
+"""What every decision module reads (the inputs and facts derived from them) and what it returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from pgherd.api.cluster import Phase, PostgresClusterSpec, ReplicationMode
+from pgherd.engine.actions import Action
+from pgherd.engine.quorum import majority
+from pgherd.engine.status import EngineStatus
+from pgherd.engine.view import ClusterView, MemberView, Role, member_name, ordinal_of
+
+# A replica at most this far behind the primary counts as caught up for rollout steps and backups
+# (one WAL segment). A switchover target must match the old primary's final LSN exactly.
+CATCH_UP_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Context:
+    spec: PostgresClusterSpec
+    view: ClusterView
+    status: EngineStatus
+    revision: str
+
+    @property
+    def now(self) -> datetime:
+        return self.view.now
+
+    @property
+    def quorum_mode(self) -> bool:
+        return self.spec.replication_mode is ReplicationMode.QUORUM
+
+    @property
+    def detection(self) -> timedelta:
+        return timedelta(seconds=self.spec.failover.detection_seconds)
+
+    def expected_names(self) -> list[str]:
+        return [member_name(self.view.cluster, i) for i in range(self.spec.instances)]
+
+    def wanted(self, name: str) -> bool:
+        return ordinal_of(name) < self.spec.instances
+
+    def primary(self) -> MemberView | None:
+        """The recorded primary's view, whatever its state."""
+        return self.view.member(self.status.current_primary)
+
+    def healthy_primary(self) -> MemberView | None:
+        member = self.primary()
+        return member if member is not None and member.is_primary else None
+
+    def voter_views(self) -> list[MemberView]:
+        return [m for m in (self.view.member(n) for n in sorted(self.status.voters)) if m is not None]
+
+    def needed(self) -> int:
+        return majority(len(self.status.voters))
+
+    def reachable_voters(self) -> list[MemberView]:
+        return [m for m in self.voter_views() if m.reachable and not m.fenced]
+
+    def lag(self, member: MemberView) -> int | None:
+        """Bytes behind the primary; None when unknown (unreachable, or no primary)."""
+        primary = self.healthy_primary()
+        if primary is None or primary.received_lsn is None or member.received_lsn is None:
+            return None
+        return max(0, primary.received_lsn - member.received_lsn)
+
+    def caught_up(self, member: MemberView) -> bool:
+        lag = self.lag(member)
+        primary = self.status.current_primary
+        return (
+            primary is not None and member.streams_from(primary) and lag is not None and lag <= CATCH_UP_BYTES
+        )
+
+    def on_current_timeline(self, member: MemberView) -> bool:
+        return self.status.timeline is None or member.timeline == self.status.timeline
+
+    def healthy_replicas(self) -> list[MemberView]:
+        """Replicas streaming from the primary, ready, on its timeline."""
+        primary = self.status.current_primary
+        if primary is None:
+            return []
+        return [
+            m
+            for m in self.view.existing()
+            if m.name != primary
+            and m.streams_from(primary)
+            and m.ready
+            and not m.fenced
+            and self.on_current_timeline(m)
+        ]
+
+
+def by_most_data(member: MemberView) -> tuple[int, int, str]:
+    """Sort key: highest received LSN, then highest replayed LSN, then name."""
+    return (-(member.received_lsn or 0), -(member.replayed_lsn or 0), member.name)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One decision module's answer; decide() adds the common conditions around it."""
+
+    phase: Phase
+    status: EngineStatus
+    actions: tuple[Action, ...] = ()
+    message: str = ""  # why it waits, or what it does
+
+
+def is_replica(member: MemberView) -> bool:
+    return member.reachable and member.role is Role.REPLICA and not member.fenced

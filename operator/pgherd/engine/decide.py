@@ -1,0 +1,168 @@
+"""The engine's entry point: decide(spec, view, status) -> Decision. Pure and deterministic.
+
+Routing, in order of precedence:
+
+1. deletion -> Deleting; ``spec.paused`` -> Paused (observe and report only, no action);
+2. bootstrap until the first primary is up;
+3. a Restore/Recovery operation, or a pending Restore object;
+4. a Failover or Switchover operation (also a rollout in its switchover step);
+5. no healthy primary -> failure assessment (wait, fail over, or QuorumLost / automatic recovery);
+6. a healthy primary -> membership upkeep (create, rejoin, quorum steps, remove), then a rollout,
+   a switchover away from a primary whose ordinal is being removed, or a requested switchover;
+7. with a healthy primary, backups (scheduled, Pending -> Running -> Completed/Failed, prune).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from pgherd.api.cluster import Phase, PostgresClusterSpec
+from pgherd.engine import backups, bootstrap, failover, membership, recovery, rollout, switchover
+from pgherd.engine.conditions import Condition, ConditionType, false, true
+from pgherd.engine.context import Context, Outcome
+from pgherd.engine.plan import Decision
+from pgherd.engine.quorum import steady_config
+from pgherd.engine.revision import spec_revision
+from pgherd.engine.status import EngineStatus, Operation, OperationKind
+from pgherd.engine.view import ClusterView
+
+_RECOVERY_KINDS = (OperationKind.RESTORE, OperationKind.RECOVERY)
+
+
+def decide(spec: PostgresClusterSpec, view: ClusterView, status: EngineStatus) -> Decision:
+    """The next phase, conditions and actions for one cluster, and the status to record first."""
+    ctx = Context(spec, view, status, spec_revision(spec))
+    if view.deleting:
+        outcome = Outcome(Phase.DELETING, status, message="the cluster is being deleted")
+    elif spec.paused:
+        outcome = Outcome(Phase.PAUSED, status, message="spec.paused is set: observing only, no action taken")
+    else:
+        outcome = _route(ctx)
+        if outcome.status.initialized and outcome.phase not in (Phase.RESTORING, Phase.RECOVERING):
+            after = replace(ctx, status=outcome.status)
+            if after.healthy_primary() is not None:
+                work = backups.plan(after, outcome.status)
+                outcome = replace(outcome, status=work.status, actions=outcome.actions + work.actions)
+    final = replace(ctx, status=outcome.status)
+    phase = outcome.phase
+    aborted = outcome.status.aborted
+    if aborted is not None and phase in (Phase.RUNNING, Phase.DEGRADED, Phase.SCALING):
+        phase = Phase.FAILED
+        outcome = replace(outcome, message=outcome.message or f"{aborted.kind} aborted: {aborted.failed}")
+    return Decision(
+        phase, _conditions(final, phase, outcome), outcome.actions, outcome.status, outcome.message
+    )
+
+
+def _route(ctx: Context) -> Outcome:
+    status = ctx.status
+    operation = status.operation
+    if not status.initialized:
+        return bootstrap.step(ctx)
+    if operation is not None and operation.kind in _RECOVERY_KINDS:
+        return recovery.advance(ctx, operation)
+    restore = recovery.pending_restore(ctx)
+    if restore is not None:
+        return recovery.start_restore(ctx, restore)
+    if operation is not None and operation.kind is OperationKind.FAILOVER:
+        return failover.advance(ctx, operation)
+    if operation is not None and operation.kind is OperationKind.SWITCHOVER:
+        progress = switchover.advance(ctx, operation)
+        if progress.failed is not None:
+            failed = replace(operation, failed=progress.failed)
+            return replace(progress.outcome, status=replace(progress.outcome.status, aborted=failed))
+        return progress.outcome
+    if (
+        operation is not None
+        and operation.kind is OperationKind.ROLLOUT
+        and operation.step in switchover.STEPS
+    ):
+        return rollout.advance(ctx, operation)
+    if ctx.healthy_primary() is None:
+        return failover.assess(ctx)
+    if status.aborted is not None and _cause_gone(ctx, status.aborted):
+        ctx = replace(ctx, status=replace(status, aborted=None))
+    upkeep = membership.upkeep(ctx)
+    after = replace(ctx, status=upkeep.outcome.status)
+    if operation is not None and operation.kind is OperationKind.ROLLOUT:
+        return _merge(upkeep.outcome, rollout.advance(after, operation))
+    if not upkeep.settled:
+        return upkeep.outcome
+    primary = str(status.current_primary)
+    if not ctx.wanted(primary):
+        return _merge(upkeep.outcome, _switchover(after, None, f"{primary} is removed by scale-down"))
+    started = rollout.start(after)
+    if started is not None:
+        return _merge(upkeep.outcome, started)
+    if ctx.view.switchover_to is not None and ctx.view.switchover_to != primary:
+        return _merge(upkeep.outcome, _switchover(after, ctx.view.switchover_to, "requested"))
+    return upkeep.outcome
+
+
+def _cause_gone(ctx: Context, aborted: Operation) -> bool:
+    if aborted.kind is OperationKind.ROLLOUT:
+        return aborted.revision != ctx.revision
+    return aborted.kind is OperationKind.SWITCHOVER
+
+
+def _switchover(ctx: Context, target: str | None, why: str) -> Outcome:
+    """Start a switchover to ``target`` (or the best wanted replica)."""
+    if target is None:
+        candidates = [m for m in ctx.healthy_replicas() if ctx.wanted(m.name)]
+        best = switchover.best_target(ctx, candidates)
+        if best is None:
+            return Outcome(Phase.SCALING, ctx.status, message=f"{why}: no replica can take over yet")
+        target = best.name
+    problem = switchover.target_problem(ctx, ctx.view.member(target))
+    if problem is not None:
+        return Outcome(Phase.RUNNING, ctx.status, message=f"switchover to {target} refused: {problem}")
+    operation = Operation(OperationKind.SWITCHOVER, started_at=ctx.now, reason=why)
+    operation = switchover.begin(ctx, operation, target)
+    return switchover.advance(
+        replace(ctx, status=replace(ctx.status, operation=operation)), operation
+    ).outcome
+
+
+def _merge(base: Outcome, top: Outcome) -> Outcome:
+    phase = base.phase if top.phase is Phase.RUNNING else top.phase
+    message = "; ".join(m for m in (top.message, base.message) if m)
+    return Outcome(phase, top.status, base.actions + top.actions, message)
+
+
+def _conditions(ctx: Context, phase: Phase, outcome: Outcome) -> tuple[Condition, ...]:
+    status = ctx.status
+    out: list[Condition] = []
+    if phase is Phase.RUNNING:
+        out.append(true(ConditionType.READY, "Running"))
+    else:
+        out.append(false(ConditionType.READY, str(phase), outcome.message))
+    primary = ctx.healthy_primary()
+    if primary is not None:
+        out.append(true(ConditionType.PRIMARY_AVAILABLE, "Available", primary.name))
+    else:
+        out.append(false(ConditionType.PRIMARY_AVAILABLE, "Unavailable", f"primary {status.current_primary}"))
+    reachable, needed = len(ctx.reachable_voters()), ctx.needed()
+    steady = (
+        status.current_primary is not None
+        and status.sync_pending is None
+        and status.sync == steady_config(status.voters, status.current_primary, ctx.quorum_mode)
+    )
+    if status.voters and reachable >= needed and steady:
+        out.append(
+            true(ConditionType.QUORUM_HEALTHY, "QuorumHealthy", f"{reachable} of {len(status.voters)}")
+        )
+    elif status.voters and reachable < needed:
+        message = f"{reachable} of {len(status.voters)} members reachable, {needed} needed"
+        out.append(false(ConditionType.QUORUM_HEALTHY, "QuorumLost", message))
+    else:
+        out.append(false(ConditionType.QUORUM_HEALTHY, "Reconfiguring", "synchronous standbys being changed"))
+    if status.operation is not None:
+        out.append(true(ConditionType.PROGRESSING, str(status.operation.kind), status.operation.step))
+    elif status.aborted is not None:
+        out.append(
+            false(ConditionType.PROGRESSING, f"{status.aborted.kind}Aborted", str(status.aborted.failed))
+        )
+    if not outcome.actions and phase is not Phase.RUNNING:
+        out.append(true(ConditionType.WAITING, str(phase), outcome.message))
+    out += backups.conditions(ctx)
+    return tuple(out)

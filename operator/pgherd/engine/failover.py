@@ -1,0 +1,177 @@
+"""Unplanned failover: confirm the primary's failure with a quorum, fence it, promote the best replica.
+
+Steps of a Failover operation (recorded before the first one):
+
+``fence``   Fence the old primary until it is observed fenced (or gone): it must not accept a write
+            once another member is promoted.
+``promote`` Choose the reachable replica with the most WAL (received LSN, then replayed LSN, then name)
+            among the voters on the current timeline, only when they are a majority of the voters and,
+            in quorum mode, intersect every ack set that may be in force. Configure its sync standbys,
+            then pg_promote it; repeat (harmless) until it is observed primary.
+``finish``  Point the rw endpoint at it and re-point the other members.
+
+If the promoted member vanishes after Promote was issued, it is recorded as the primary anyway and
+the next failure detection deals with it (fencing it first): never two promoted members.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from pgherd.api.cluster import Phase
+from pgherd.engine import recovery
+from pgherd.engine.actions import Action, Fence, Promote, Rejoin, SetPrimary, SetSynchronousStandbys
+from pgherd.engine.context import Context, Outcome, by_most_data, is_replica
+from pgherd.engine.quorum import failover_keeps_commits, steady_config
+from pgherd.engine.status import Operation, OperationKind
+from pgherd.engine.view import MemberView
+
+
+def eligible(ctx: Context, old: str | None) -> list[MemberView]:
+    """Reachable replicas among the voters, on the timeline of the failed primary, best first.
+
+    A member on an older timeline (an earlier primary not yet rejoined) reports LSNs of another
+    history: it is neither a candidate nor counted as holding the acknowledged commits.
+    """
+    members = [
+        m
+        for m in ctx.voter_views()
+        if m.name != old and is_replica(m) and m.received_lsn is not None and ctx.on_current_timeline(m)
+    ]
+    return sorted(members, key=by_most_data)
+
+
+def unsafe_reason(ctx: Context, old: str | None, reachable: list[MemberView]) -> str | None:
+    """Why promoting among ``reachable`` could lose acknowledged commits or split the cluster."""
+    needed = ctx.needed()
+    if len(reachable) < needed:
+        return (
+            f"only {len(reachable)} of {len(ctx.status.voters)} members are reachable replicas on"
+            f" timeline {ctx.status.timeline}; a majority ({needed}) is needed to promote"
+        )
+    if ctx.quorum_mode and old is not None:
+        configs = ctx.status.possible_sync_configs()
+        if not failover_keeps_commits((m.name for m in reachable), old, configs):
+            shown = ", ".join(c.render() or "asynchronous" for c in configs) or "unknown"
+            return f"the reachable replicas may miss acknowledged commits (synchronous standbys: {shown})"
+    return None
+
+
+def assess(ctx: Context) -> Outcome:
+    """The recorded primary is not a healthy primary and no operation runs: wait, fail over, or
+    report the quorum lost."""
+    status = ctx.status
+    old = status.current_primary
+    since = status.primary_lost_since or ctx.now
+    status = replace(status, primary_lost_since=since)
+    reachable = eligible(ctx, old)
+    needed = ctx.needed()
+    if len(ctx.reachable_voters()) < needed:
+        return recovery.on_quorum_loss(replace(ctx, status=status), f"primary {old} is not available")
+    status = replace(status, quorum_lost_since=None)
+    if not ctx.spec.failover.enabled:
+        return Outcome(
+            Phase.DEGRADED, status, message=f"primary {old} is not available; failover is disabled"
+        )
+    elapsed = (ctx.now - since).total_seconds()
+    if elapsed < ctx.spec.failover.detection_seconds:
+        return Outcome(
+            Phase.DEGRADED,
+            status,
+            message=f"primary {old} unreachable for {elapsed:.0f}s; confirming for"
+            f" {ctx.spec.failover.detection_seconds}s before failing over",
+        )
+    votes = [m for m in reachable if old is None or not m.streams_from(old)]
+    if len(votes) < needed:
+        return Outcome(
+            Phase.DEGRADED,
+            status,
+            message=f"primary {old} unreachable from the operator, but only {len(votes)} replicas lost it"
+            f" ({needed} needed to confirm the failure): no failover",
+        )
+    problem = unsafe_reason(ctx, old, reachable)
+    if problem is not None:
+        return Outcome(Phase.FAILING_OVER, status, message=f"cannot fail over: {problem}")
+    operation = Operation(
+        OperationKind.FAILOVER,
+        started_at=ctx.now,
+        source=old,
+        reason=f"primary {old} failed (unreachable {elapsed:.0f}s, confirmed by {len(votes)} members)",
+    ).at("fence", ctx.now)
+    return advance(replace(ctx, status=replace(status, operation=operation)), operation)
+
+
+def advance(ctx: Context, operation: Operation) -> Outcome:
+    status = ctx.status
+    old = operation.source
+    if operation.step == "fence":
+        member = ctx.view.member(old)
+        if member is not None and member.exists and not member.fenced:
+            return Outcome(
+                Phase.FAILING_OVER,
+                status,
+                (Fence(member.name, reason=operation.reason),),
+                message=f"fencing the old primary {old}",
+            )
+        reachable = eligible(ctx, old)
+        problem = unsafe_reason(ctx, old, reachable)
+        if problem is not None:
+            if len(ctx.reachable_voters()) < ctx.needed():
+                return recovery.on_quorum_loss(ctx, f"failover from {old} waits for a majority")
+            return Outcome(Phase.FAILING_OVER, status, message=f"waiting to promote: {problem}")
+        operation = replace(operation, target=reachable[0].name).at("promote", ctx.now)
+        ctx = replace(ctx, status=replace(status, operation=operation))
+    if operation.step == "promote":
+        return promote_step(ctx, operation, Phase.FAILING_OVER)
+    raise AssertionError(f"unknown failover step {operation.step!r}")
+
+
+def promote_step(ctx: Context, operation: Operation, phase: Phase) -> Outcome:
+    """Promote ``operation.target`` (configuring its sync standbys first) until it is observed primary.
+
+    Shared by failover and switchover: once Promote may have been applied, the target is the only
+    member ever promoted for this operation.
+    """
+    status = ctx.status
+    assert operation.target is not None
+    target = ctx.view.member(operation.target)
+    if target is not None and target.is_primary:
+        return finish(ctx, operation, target, phase)
+    if target is None or not target.reachable:
+        # Promote was issued: it may have happened. Record it as the primary; a new detection
+        # period (fencing it first) decides what comes next.
+        status = replace(
+            status,
+            operation=None,
+            current_primary=operation.target,
+            primary_lost_since=ctx.now,
+            sync=None,
+            sync_pending=steady_config(status.voters, operation.target, ctx.quorum_mode),
+        )
+        return Outcome(Phase.DEGRADED, status, message=f"{operation.target} vanished while being promoted")
+    config = steady_config(status.voters, target.name, ctx.quorum_mode)
+    status = replace(status, sync=None, sync_pending=config, operation=operation)
+    why = f"{operation.kind} from {operation.source}"
+    return Outcome(
+        phase,
+        status,
+        (SetSynchronousStandbys(target.name, config, reason=why), Promote(target.name, reason=why)),
+        message=f"promoting {target.name}",
+    )
+
+
+def finish(ctx: Context, operation: Operation, target: MemberView, phase: Phase) -> Outcome:
+    """The new primary is up: record it, point the rw endpoint at it, re-point the others."""
+    status = replace(
+        ctx.status,
+        operation=None,
+        current_primary=target.name,
+        timeline=target.timeline,
+        primary_lost_since=None,
+        quorum_lost_since=None,
+    )
+    actions: list[Action] = [SetPrimary(target.name, reason=f"{operation.kind} from {operation.source}")]
+    for member in ctx.view.existing():
+        if member.name != target.name and (member.reachable or member.fenced):
+            actions.append(Rejoin(member.name, target.name, reason=f"new primary {target.name}"))
+    return Outcome(phase, status, tuple(actions), message=f"{target.name} is the new primary")

@@ -1,0 +1,152 @@
+"""Membership upkeep under a healthy primary: create, re-point, admit to the quorum, remove.
+
+Level-triggered: everything here is derived from the spec, the view and the quorum memory (voters and
+sync configuration), so it needs no operation record to resume. Scaling up creates the missing
+ordinals from the primary; a new member joins the voters (through the quorum resolver) once it
+streams. Scaling down removes the highest ordinals: first from the voters, then from the sync standbys,
+then the member is deleted and its replication slot dropped. The primary is never removed here
+(decide() switches over first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from pgherd.api.cluster import Phase
+from pgherd.engine.actions import (
+    Action,
+    CreateMember,
+    DeleteMember,
+    DropReplicationSlot,
+    Rejoin,
+    Seed,
+    SetSynchronousStandbys,
+)
+from pgherd.engine.context import Context, Outcome
+from pgherd.engine.quorum import SyncStep, VotersStep, check, next_step
+from pgherd.engine.status import EngineStatus
+from pgherd.engine.view import MemberView, Role
+
+
+@dataclass(frozen=True)
+class Upkeep:
+    outcome: Outcome
+    settled: bool  # nothing in flight: all wanted members streaming voters, sync config steady
+
+
+def needs_rejoin(ctx: Context, member: MemberView, primary: str) -> bool:
+    if member.name == primary or not member.exists:
+        return False
+    if member.fenced:
+        return True
+    if not member.reachable:
+        return False
+    if member.role is Role.PRIMARY:
+        return True  # a stray primary: it must follow (after rewind)
+    if member.role is Role.REPLICA and member.upstream != primary:
+        return True
+    return not member.wal_receiver_streaming and not ctx.on_current_timeline(member)
+
+
+def _quorum(ctx: Context, primary: MemberView) -> tuple[EngineStatus, list[Action]]:
+    """Confirm the sync configuration observed on the primary, then take the next safe step."""
+    status = ctx.status
+    observed = primary.sync
+    pending = status.sync_pending
+    if pending is not None:
+        if observed == pending:
+            status = replace(status, sync=observed, sync_pending=None)
+        else:
+            return status, [
+                SetSynchronousStandbys(primary.name, pending, reason="quorum change not yet observed")
+            ]
+    elif observed is not None and observed != status.sync:
+        status = replace(status, sync=observed)
+    if status.sync is None:
+        return status, []
+    wanted = {v for v in status.voters if ctx.wanted(v)} | {primary.name}
+    for member in ctx.view.existing():
+        if (
+            ctx.wanted(member.name)
+            and member.streams_from(primary.name)
+            and not member.fenced
+            and ctx.on_current_timeline(member)
+        ):
+            wanted.add(member.name)
+    for _ in range(64):
+        step = next_step(status.voters, primary.name, status.sync, frozenset(wanted), ctx.quorum_mode)
+        if step is None:
+            return status, []
+        if isinstance(step, VotersStep):
+            if ctx.quorum_mode:
+                check(step.voters, primary.name, status.possible_sync_configs())
+            status = replace(status, voters=step.voters)
+            continue
+        assert isinstance(step, SyncStep)
+        if ctx.quorum_mode:
+            check(status.voters, primary.name, [step.config])
+        status = replace(status, sync_pending=step.config)
+        return status, [SetSynchronousStandbys(primary.name, step.config, reason="quorum membership change")]
+    raise AssertionError("the quorum resolver did not converge")
+
+
+def maintain(ctx: Context, reclone: frozenset[str] = frozenset()) -> Outcome:
+    return upkeep(ctx, reclone).outcome
+
+
+def upkeep(ctx: Context, reclone: frozenset[str] = frozenset()) -> Upkeep:
+    primary = ctx.healthy_primary()
+    assert primary is not None, "membership upkeep needs a healthy primary"
+    actions: list[Action] = []
+    notes: list[str] = []
+    for name in ctx.expected_names():
+        member = ctx.view.member(name)
+        if member is None or not member.exists:
+            ordinal = int(name.rsplit("-", 1)[1])
+            actions.append(
+                CreateMember(
+                    name, ordinal, Seed.BASEBACKUP, ctx.revision, primary.name, primary.name, reason="scale"
+                )
+            )
+            notes.append(f"creating {name}")
+    for member in ctx.view.existing():
+        if (member.name in reclone and not member.streams_from(primary.name)) or needs_rejoin(
+            ctx, member, primary.name
+        ):
+            actions.append(Rejoin(member.name, primary.name, reclone=member.name in reclone, reason="follow"))
+            notes.append(f"rejoining {member.name}")
+        elif not member.reachable and member.name != primary.name:
+            notes.append(f"{member.name} unreachable")
+    status, quorum_actions = _quorum(ctx, primary)
+    actions += quorum_actions
+    if quorum_actions:
+        notes.append("changing synchronous standbys")
+    for member in ctx.view.existing():
+        if ctx.wanted(member.name) or member.name == primary.name:
+            continue
+        listed = any(member.name in c.standbys for c in status.possible_sync_configs())
+        if member.name in status.voters or listed:
+            notes.append(f"removing {member.name} from the quorum")
+            continue
+        actions.append(DeleteMember(member.name, keep_data=False, reason="scale down"))
+        actions.append(DropReplicationSlot(primary.name, member.name, reason="scale down"))
+        notes.append(f"deleting {member.name}")
+    expected = set(ctx.expected_names())
+    healthy = {m.name for m in ctx.healthy_replicas()} | {primary.name}
+    settled = (
+        not actions and status.sync_pending is None and expected <= healthy and expected == set(status.voters)
+    )
+    status = replace(status, primary_lost_since=None, quorum_lost_since=None)
+    if settled and not status.complete:
+        status = replace(status, complete=True)
+    scaling = any(isinstance(a, DeleteMember) for a in actions) or set(status.voters) != expected
+    if not status.complete:
+        phase = Phase.CREATING
+    elif scaling:
+        phase = Phase.SCALING
+    elif not settled:
+        phase = Phase.DEGRADED
+    else:
+        phase = Phase.RUNNING
+    message = "; ".join(notes) or ("waiting for members to stream and become ready" if not settled else "")
+    return Upkeep(Outcome(phase, status, tuple(actions), message), settled)

@@ -1,0 +1,250 @@
+"""Majority failure and in-place restore: QuorumLost, then (when asked) rebuild from a snapshot.
+
+With a majority of the voters unreachable nothing is ever promoted: the reachable replicas might all
+miss acknowledged commits. The engine reports QuorumLost and waits, unless recovery is asked for:
+
+* ``recovery.onQuorumLoss: RestoreFromBackup``, the primary unavailable too, the quorum lost for at
+  least ``recovery_grace`` (phase Recovering), or
+* a Restore object (phase Restoring; its own phases follow the steps below).
+
+Steps of the Recovery / Restore operation:
+
+``fence``    Fence every member: nothing may write while the cluster is rebuilt.
+``restore``  StartRestore into member 0: its data directory is moved aside (never deleted), the
+             snapshot fetched and verified, archived WAL replayed to the target, then promotion onto a
+             new timeline (Restore phases Restoring, then Replaying).
+``promote``  When member 0 is observed primary: rw endpoint, voters reset to it alone.
+``rebuild``  Re-clone every other member from it (Rejoin with reclone: their data kept aside), create
+             missing ones; done when all stream from it (Restore phase Rebuilding, then Completed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+from pgherd.api.backup import BackupPhase
+from pgherd.api.cluster import OnQuorumLoss, Phase
+from pgherd.api.restore import RestorePhase
+from pgherd.engine.actions import (
+    Action,
+    Fence,
+    Promote,
+    SetPrimary,
+    SetSynchronousStandbys,
+    StartRestore,
+    UpdateRestore,
+)
+from pgherd.engine.context import Context, Outcome
+from pgherd.engine.quorum import ASYNC
+from pgherd.engine.status import Operation, OperationKind
+from pgherd.engine.view import BackupView, JobKind, JobState, RestoreView, member_name
+
+
+def recovery_grace(ctx: Context) -> timedelta:
+    """How long the quorum must stay lost before an automatic restore: a restore discards the WAL
+    after the chosen target, so a short network split must not trigger it."""
+    return max(timedelta(seconds=15), 3 * ctx.detection)
+
+
+def latest_backup(ctx: Context, wanted: str) -> BackupView | None:
+    """The Completed Backup named ``wanted``, or the most recent Completed one for ``latest``."""
+    done = [b for b in ctx.view.backups if b.phase == BackupPhase.COMPLETED]
+    if wanted != "latest":
+        return next((b for b in done if b.name == wanted), None)
+    if not done:
+        return None
+    return max(done, key=lambda b: (b.completed_at or b.created_at or ctx.now, b.name))
+
+
+def on_quorum_loss(ctx: Context, why: str) -> Outcome:
+    """A majority of the voters is unreachable: report it, and recover from backup when configured."""
+    since = ctx.status.quorum_lost_since or ctx.now
+    status = replace(ctx.status, quorum_lost_since=since)
+    reachable, total = len(ctx.reachable_voters()), len(ctx.status.voters)
+    base = f"{why}; {reachable} of {total} members reachable, {ctx.needed()} needed. Nothing is promoted"
+    if ctx.spec.recovery.on_quorum_loss is not OnQuorumLoss.RESTORE_FROM_BACKUP:
+        return Outcome(Phase.QUORUM_LOST, status, message=f"{base}; waiting for members to return")
+    if ctx.healthy_primary() is not None:
+        return Outcome(Phase.QUORUM_LOST, status, message=f"{base}; the primary is up: waiting for members")
+    if ctx.status.aborted is not None and ctx.status.aborted.kind is OperationKind.RECOVERY:
+        return Outcome(Phase.QUORUM_LOST, status, message=f"{base}; the last automatic recovery failed")
+    remaining = recovery_grace(ctx) - (ctx.now - since)
+    if remaining > timedelta(0):
+        return Outcome(
+            Phase.QUORUM_LOST,
+            status,
+            message=f"{base}; restoring from backup in {remaining.total_seconds():.0f}s if still lost",
+        )
+    backup = latest_backup(ctx, ctx.spec.recovery.backup)
+    if backup is None:
+        return Outcome(
+            Phase.QUORUM_LOST,
+            status,
+            message=f"{base}; no Completed backup '{ctx.spec.recovery.backup}' to restore from",
+        )
+    operation = Operation(
+        OperationKind.RECOVERY,
+        started_at=ctx.now,
+        target=member_name(ctx.view.cluster, 0),
+        restore=f"{ctx.view.cluster}-recovery-{ctx.now:%Y%m%d%H%M%S}",
+        backup=backup.name,
+        plan=tuple(m.name for m in ctx.view.existing()),
+        reason=f"quorum lost since {since.isoformat()}",
+    ).at("fence", ctx.now)
+    return advance(replace(ctx, status=replace(status, operation=operation, aborted=None)), operation)
+
+
+def pending_restore(ctx: Context) -> RestoreView | None:
+    pending = [r for r in ctx.view.restores if r.phase == RestorePhase.PENDING]
+    return min(pending, key=lambda r: (r.created_at or ctx.now, r.name)) if pending else None
+
+
+def _target_text(restore: RestoreView) -> str | None:
+    if restore.target_lsn:
+        return f"lsn:{restore.target_lsn}"
+    if restore.target_time:
+        return f"time:{restore.target_time}"
+    if restore.target_immediate:
+        return "immediate"
+    return None
+
+
+def start_restore(ctx: Context, restore: RestoreView) -> Outcome:
+    """A Restore object asks for an in-place restore: validate it, record the operation, begin."""
+    if restore.backup is not None:
+        backup = ctx.view.backup(restore.backup)
+        if backup is None or backup.phase != BackupPhase.COMPLETED:
+            state = "not found" if backup is None else f"in phase {backup.phase}"
+            error = f"Backup {restore.backup} is {state}; only a Completed backup can be restored"
+            return Outcome(
+                Phase.FAILED,
+                ctx.status,
+                (UpdateRestore(restore.name, RestorePhase.FAILED, error=error),),
+                message=f"Restore {restore.name}: {error}",
+            )
+    operation = Operation(
+        OperationKind.RESTORE,
+        started_at=ctx.now,
+        target=member_name(ctx.view.cluster, 0),
+        restore=restore.name,
+        backup=restore.backup,
+        snapshot_id=restore.snapshot_id,
+        recovery_target=_target_text(restore),
+        plan=tuple(m.name for m in ctx.view.existing()),
+        reason=f"Restore {restore.name}",
+    ).at("fence", ctx.now)
+    return advance(replace(ctx, status=replace(ctx.status, operation=operation, aborted=None)), operation)
+
+
+def advance(ctx: Context, operation: Operation) -> Outcome:
+    phase = Phase.RESTORING if operation.kind is OperationKind.RESTORE else Phase.RECOVERING
+    status = replace(ctx.status, operation=operation)
+    actions: list[Action] = []
+    restore_view = next((r for r in ctx.view.restores if r.name == operation.restore), None)
+
+    assert operation.target is not None and operation.restore is not None
+    job_name, member_to_restore = operation.restore, operation.target
+
+    def report(
+        restore_phase: RestorePhase, error: str | None = None, restored_timeline: int | None = None
+    ) -> None:
+        changed = restore_view is None or restore_view.phase != restore_phase
+        if operation.kind is OperationKind.RESTORE and (changed or error or restored_timeline):
+            actions.append(UpdateRestore(job_name, restore_phase, error, restored_timeline))
+
+    if operation.step == "fence":
+        report(RestorePhase.FENCING)
+        unfenced = [m for m in ctx.view.existing() if not m.fenced]
+        if unfenced:
+            actions += [Fence(m.name, reason=operation.reason) for m in unfenced]
+            return Outcome(phase, status, tuple(actions), f"fencing {', '.join(m.name for m in unfenced)}")
+        operation = operation.at("restore", ctx.now)
+        status = replace(status, operation=operation)
+        actions.clear()
+    if operation.step == "restore":
+        job = ctx.view.job(JobKind.RESTORE, job_name)
+        if job is None or job.state is JobState.RUNNING:
+            replaying = job is not None and job.stage == "replaying"
+            report(RestorePhase.REPLAYING if replaying else RestorePhase.RESTORING)
+            if job is None:
+                actions.append(
+                    StartRestore(
+                        job_name,
+                        member_to_restore,
+                        operation.backup,
+                        operation.snapshot_id,
+                        operation.recovery_target,
+                        reason=operation.reason,
+                    )
+                )
+            what = "replaying WAL" if replaying else f"restoring {operation.backup or operation.snapshot_id}"
+            return Outcome(phase, status, tuple(actions), f"{what} into {operation.target}")
+        if job.state is JobState.FAILED:
+            error = job.message or "the restore job failed"
+            actions.clear()
+            report(RestorePhase.FAILED, error=error)
+            status = replace(status, operation=None, aborted=replace(operation, failed=error))
+            return Outcome(
+                Phase.FAILED, status, tuple(actions), f"restore into {operation.target} failed: {error}"
+            )
+        operation = operation.at("promote", ctx.now)
+        status = replace(status, operation=operation)
+    target = ctx.view.member(operation.target)
+    if operation.step == "promote":
+        if target is None or not target.reachable:
+            return Outcome(
+                phase, status, message=f"waiting for {operation.target} to start after the restore"
+            )
+        if not target.is_primary:
+            return Outcome(phase, status, (Promote(target.name, reason=operation.reason),), "promoting")
+        operation = operation.at("rebuild", ctx.now)
+        status = replace(
+            status,
+            operation=operation,
+            current_primary=target.name,
+            timeline=target.timeline,
+            voters=frozenset({target.name}),
+            sync=None,
+            sync_pending=ASYNC,
+            primary_lost_since=None,
+            quorum_lost_since=None,
+        )
+        actions.clear()
+        report(RestorePhase.REBUILDING, restored_timeline=target.timeline)
+        actions += [
+            SetPrimary(target.name, reason=operation.reason),
+            SetSynchronousStandbys(target.name, ASYNC),
+        ]
+        return Outcome(phase, status, tuple(actions), f"{target.name} restored on timeline {target.timeline}")
+    if operation.step == "rebuild":
+        return _rebuild(replace(ctx, status=status), operation, phase)
+    raise AssertionError(f"unknown recovery step {operation.step!r}")
+
+
+def _rebuild(ctx: Context, operation: Operation, phase: Phase) -> Outcome:
+    from pgherd.engine import membership  # the rebuild is ordinary membership upkeep plus re-clones
+
+    primary = ctx.healthy_primary()
+    if primary is None:
+        # The restored primary failed during the rebuild: the ordinary failure handling takes over.
+        status = replace(ctx.status, operation=None)
+        return Outcome(phase, status, message=f"restored primary {operation.target} is not available")
+    upkeep = membership.maintain(ctx, reclone=frozenset(operation.plan))
+    missing = [n for n in ctx.expected_names() if n != primary.name and not _streams(ctx, n)]
+    if missing:
+        return replace(upkeep, phase=phase, message=f"rebuilding {', '.join(missing)} from {primary.name}")
+    actions: list[Action] = list(upkeep.actions)
+    if operation.kind is OperationKind.RESTORE:
+        actions.append(UpdateRestore(str(operation.restore), RestorePhase.COMPLETED))
+    status = replace(upkeep.status, operation=None)
+    return Outcome(phase, status, tuple(actions), f"{operation.kind} {operation.restore} completed")
+
+
+def _streams(ctx: Context, name: str) -> bool:
+    member = ctx.view.member(name)
+    return (
+        member is not None
+        and ctx.status.current_primary is not None
+        and member.streams_from(ctx.status.current_primary)
+    )

@@ -1,0 +1,62 @@
+"""The spec revision: what a member must be restarted for (image, restart-only parameters, resources).
+
+Settings PostgreSQL applies on reload are not part of it: the adapter reloads them without a restart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from pgherd.api.cluster import PostgresClusterSpec
+
+# postmaster-context settings: a change takes effect only after a restart.
+RESTART_PARAMETERS = frozenset(
+    {
+        "autovacuum_max_workers",
+        "autovacuum_worker_slots",
+        "dynamic_shared_memory_type",
+        "huge_page_size",
+        "huge_pages",
+        "io_method",
+        "io_workers",
+        "jit_provider",
+        "max_connections",
+        "max_files_per_process",
+        "max_locks_per_transaction",
+        "max_logical_replication_workers",
+        "max_pred_locks_per_transaction",
+        "max_prepared_transactions",
+        "max_replication_slots",
+        "max_wal_senders",
+        "max_worker_processes",
+        "min_dynamic_shared_memory",
+        "old_snapshot_threshold",
+        "shared_buffers",
+        "shared_memory_type",
+        "shared_preload_libraries",
+        "superuser_reserved_connections",
+        "reserved_connections",
+        "track_activity_query_size",
+        "track_commit_timestamp",
+        "wal_buffers",
+        "wal_decode_buffer_size",
+    }
+)
+
+
+def spec_revision(spec: PostgresClusterSpec) -> str:
+    """A short, stable digest of what requires a restart; equal specs give equal revisions."""
+    parameters = {
+        key.lower(): value
+        for key, value in (spec.parameters or {}).items()
+        if key.lower() in RESTART_PARAMETERS
+    }
+    resources = spec.resources.model_dump(mode="json", exclude_none=True) if spec.resources else {}
+    payload = {
+        "image": spec.image or f"postgres:{spec.postgres_version}",
+        "parameters": dict(sorted(parameters.items())),
+        "resources": resources,
+    }
+    digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+    return digest[:12]

@@ -1,0 +1,190 @@
+"""Ordered rolling update: replicas first (most lagging first), then the primary, one member at a time.
+
+The plan (replicas in order, then the primary) is recorded in ``status.operation`` before the first
+restart. Each replica is restarted at the new revision and must be Ready and caught up before the
+next. Then, with ``upgrade.primaryUpdateMethod: switchover``, an updated replica takes over
+(switchover.py) and the old primary, now a replica, is restarted last; with ``restart`` the primary is
+restarted in place. The rollout aborts (phase Failed, condition Progressing=False) when a member does
+not come back in ``STEP_TIMEOUT``, when a restart would leave the primary fewer synchronous standbys
+than the quorum needs, or when the switchover fails. It never restarts the primary as a fallback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+from pgherd.api.cluster import Phase, PrimaryUpdateMethod
+from pgherd.engine import switchover
+from pgherd.engine.actions import RestartMember
+from pgherd.engine.context import Context, Outcome
+from pgherd.engine.status import Operation, OperationKind
+from pgherd.engine.view import MemberView
+
+STEP_TIMEOUT = timedelta(minutes=10)
+
+
+def outdated(ctx: Context) -> list[MemberView]:
+    return [m for m in ctx.view.existing() if ctx.wanted(m.name) and m.revision not in (None, ctx.revision)]
+
+
+def start(ctx: Context) -> Outcome | None:
+    """Begin a rollout when a member runs another revision (and the last one was not aborted for it)."""
+    stale = outdated(ctx)
+    aborted = ctx.status.aborted
+    if not stale or (
+        aborted is not None and aborted.kind is OperationKind.ROLLOUT and aborted.revision == ctx.revision
+    ):
+        return None
+    primary = ctx.status.current_primary
+
+    def lag_key(member: MemberView) -> tuple[int, str]:
+        lag = ctx.lag(member)
+        return (-(lag if lag is not None else 1 << 64), member.name)
+
+    replicas = sorted((m for m in stale if m.name != primary), key=lag_key)
+    plan = tuple(m.name for m in replicas) + ((primary,) if primary in {m.name for m in stale} else ())
+    operation = Operation(
+        OperationKind.ROLLOUT,
+        started_at=ctx.now,
+        source=primary,
+        revision=ctx.revision,
+        plan=plan,
+        reason=f"rolling update to revision {ctx.revision}",
+    ).at("replicas", ctx.now)
+    return advance(replace(ctx, status=replace(ctx.status, operation=operation)), operation)
+
+
+def _abort(ctx: Context, operation: Operation, why: str) -> Outcome:
+    status = replace(ctx.status, operation=None, aborted=replace(operation, failed=why))
+    return Outcome(Phase.FAILED, status, message=f"rolling update aborted: {why}")
+
+
+def _ready(ctx: Context, member: MemberView) -> bool:
+    return member.ready and member.revision == ctx.revision and ctx.caught_up(member)
+
+
+def advance(ctx: Context, operation: Operation) -> Outcome:
+    if operation.revision != ctx.revision:
+        # The spec changed again mid-rollout: start over with the new revision's plan.
+        fresh = start(replace(ctx, status=replace(ctx.status, operation=None)))
+        return fresh or Outcome(Phase.RUNNING, replace(ctx.status, operation=None))
+    status = replace(ctx.status, operation=operation)
+    ctx = replace(ctx, status=status)
+    age = ctx.now - (operation.step_started_at or operation.started_at)
+    if operation.step in switchover.STEPS:
+        progress = switchover.advance(ctx, operation, Phase.SWITCHING_OVER)
+        if progress.failed is not None:
+            failed_ctx = replace(ctx, status=progress.outcome.status)
+            return _abort(
+                failed_ctx, operation, f"switchover to {operation.target} failed: {progress.failed}"
+            )
+        if not progress.finished:
+            return progress.outcome
+        after = replace(progress.outcome.status, operation=operation.at("old-primary", ctx.now))
+        return replace(progress.outcome, status=after)
+    old_primary = operation.source
+    for name in operation.plan:
+        if name in operation.done or name == old_primary:
+            continue
+        member = ctx.view.member(name)
+        if member is None or not member.exists or (member.revision == ctx.revision and _ready(ctx, member)):
+            operation = replace(operation, done=(*operation.done, name))
+            continue
+        restarting = operation.step == f"restart:{name}"
+        if restarting and age > STEP_TIMEOUT:
+            return _abort(
+                ctx, operation, f"{name} was not Ready and caught up {STEP_TIMEOUT} after its restart"
+            )
+        if member.revision == ctx.revision:
+            return Outcome(
+                Phase.UPGRADING, replace(status, operation=operation), message=f"waiting for {name}"
+            )
+        problem = None if restarting else _quorum_risk(ctx, member)
+        if problem is not None:
+            return _abort(ctx, operation, problem)
+        operation = operation.at(f"restart:{name}", ctx.now)
+        return Outcome(
+            Phase.UPGRADING,
+            replace(status, operation=operation),
+            (RestartMember(name, ctx.revision, reason=operation.reason),),
+            message=f"restarting {name} ({len(operation.done) + 1} of {len(operation.plan)})",
+        )
+    status = replace(status, operation=operation)
+    ctx = replace(ctx, status=status)
+    if old_primary not in operation.plan or old_primary in operation.done:
+        return Outcome(Phase.RUNNING, replace(status, operation=None), message="rolling update complete")
+    member = ctx.view.member(old_primary)
+    if old_primary == ctx.status.current_primary:
+        assert member is not None
+        in_place = ctx.spec.upgrade.primary_update_method is PrimaryUpdateMethod.RESTART
+        if in_place or ctx.spec.instances == 1:  # a lone member has no one to switch over to
+            if member.revision == ctx.revision and member.is_primary:
+                done = replace(operation, done=(*operation.done, old_primary))
+                return Outcome(
+                    Phase.RUNNING, replace(status, operation=None), message=f"{done.kind} complete"
+                )
+            if operation.step == "restart-primary" and age > STEP_TIMEOUT:
+                return _abort(ctx, operation, f"the primary {old_primary} did not come back in time")
+            if member.revision == ctx.revision:
+                return Outcome(Phase.UPGRADING, status, message=f"waiting for the primary {old_primary}")
+            operation = operation.at("restart-primary", ctx.now)
+            return Outcome(
+                Phase.UPGRADING,
+                replace(status, operation=operation),
+                (RestartMember(old_primary, ctx.revision, reason="primaryUpdateMethod: restart"),),
+                message=f"restarting the primary {old_primary} in place",
+            )
+        updated = [m for m in ctx.healthy_replicas() if m.revision == ctx.revision]
+        target = switchover.best_target(ctx, updated)
+        if target is None:
+            why = (
+                "; ".join(f"{m.name}: {switchover.target_problem(ctx, m)}" for m in updated)
+                or "none is ready"
+            )
+            if operation.step != "await-target":
+                operation = operation.at("await-target", ctx.now)
+                age = timedelta(0)
+            if age <= STEP_TIMEOUT:
+                message = f"waiting for an updated replica to take over from {old_primary}: {why}"
+                return Outcome(Phase.UPGRADING, replace(status, operation=operation), message=message)
+            return _abort(ctx, operation, f"no updated replica can take over from {old_primary} ({why})")
+        operation = switchover.begin(ctx, operation, target.name)
+        return advance(ctx, operation)
+    # The old primary is a replica now: restart it last, once it streams again.
+    if member is None or not member.exists:
+        return Outcome(Phase.RUNNING, replace(status, operation=None), message="rolling update complete")
+    if member.revision == ctx.revision:
+        if _ready(ctx, member):
+            return Outcome(Phase.RUNNING, replace(status, operation=None), message="rolling update complete")
+        if age > STEP_TIMEOUT:
+            return _abort(ctx, operation, f"{old_primary} was not Ready and caught up after its restart")
+        return Outcome(Phase.UPGRADING, status, message=f"waiting for {old_primary}")
+    if not member.streams_from(str(ctx.status.current_primary)):
+        if age > STEP_TIMEOUT:
+            return _abort(ctx, operation, f"the old primary {old_primary} did not rejoin")
+        return Outcome(Phase.UPGRADING, status, message=f"waiting for {old_primary} to rejoin as a replica")
+    problem = None if operation.step == "restart-old-primary" else _quorum_risk(ctx, member)
+    if problem is not None:
+        return _abort(ctx, operation, problem)
+    operation = operation.at("restart-old-primary", ctx.now)
+    return Outcome(
+        Phase.UPGRADING,
+        replace(status, operation=operation),
+        (RestartMember(old_primary, ctx.revision, reason=operation.reason),),
+        message=f"restarting the old primary {old_primary}",
+    )
+
+
+def _quorum_risk(ctx: Context, member: MemberView) -> str | None:
+    """Would taking ``member`` down leave the primary fewer live sync standbys than it waits for?"""
+    config = ctx.status.sync
+    if not ctx.quorum_mode or config is None or config.k == 0:
+        return None
+    others = {m.name for m in ctx.healthy_replicas() if m.name != member.name} & config.standbys
+    if len(others) < config.k:
+        return (
+            f"restarting {member.name} would leave {len(others)} streaming synchronous standbys,"
+            f" fewer than the {config.k} every commit waits for"
+        )
+    return None

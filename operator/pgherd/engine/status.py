@@ -1,0 +1,173 @@
+"""The engine's memory: what it recorded in the cluster status, handed back to it on the next call.
+
+The engine keeps nothing between calls (no globals, no clock): timings such as when the primary was
+first seen unreachable, the voters and the sync configuration of the quorum, and the multi-step
+operation in progress all live here. The adapter writes the returned EngineStatus *before* applying
+the actions (so an operation is recorded before its first step) and passes it back; a restarted
+operator resumes from it and the next observation.
+
+``to_dict``/``from_dict`` give the JSON form: ``operation`` maps to ``status.operation`` of the
+PostgresCluster, the rest to ``status.engine`` (see docs/engine.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pgherd.engine.quorum import SyncConfig
+
+
+class OperationKind(StrEnum):
+    FAILOVER = "Failover"
+    SWITCHOVER = "Switchover"
+    ROLLOUT = "Rollout"
+    SCALE_DOWN = "ScaleDown"
+    RECOVERY = "Recovery"  # automatic, on quorum loss
+    RESTORE = "Restore"  # asked by a Restore object
+
+
+@dataclass(frozen=True)
+class Operation:
+    """A multi-step operation: its plan, the steps done and where it stands.
+
+    ``step`` names the step in progress (module-specific, e.g. "fence", "promote"), ``plan`` the ordered
+    work (members to update or remove), ``done`` what is finished. ``failed`` is set when it was
+    aborted: the record stays (and the phase is Failed) until the cause goes away (e.g. a new spec
+    revision for a rollout).
+    """
+
+    kind: OperationKind
+    started_at: datetime
+    step: str = ""
+    step_started_at: datetime | None = None
+    source: str | None = None  # the primary when the operation began
+    target: str | None = None  # the member to promote / restore into
+    revision: str | None = None  # rollout: the revision rolled out
+    plan: tuple[str, ...] = ()
+    done: tuple[str, ...] = ()
+    restore: str | None = None  # Restore object name
+    backup: str | None = None  # Backup name to restore from
+    snapshot_id: str | None = None
+    recovery_target: str | None = None
+    final_lsn: int | None = None  # switchover: the old primary's WAL end after its clean stop
+    reason: str = ""
+    failed: str | None = None
+
+    def at(self, step: str, now: datetime) -> Operation:
+        """The same operation, moved to ``step`` (the step's clock starts now)."""
+        if step == self.step:
+            return self
+        return replace(self, step=step, step_started_at=now)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if value is None or value == () or value == "":
+                continue
+            if isinstance(value, datetime):
+                value = value.isoformat()
+            elif isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, StrEnum):
+                value = str(value)
+            out[_camel(item.name)] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Operation:
+        kwargs: dict[str, Any] = {}
+        for item in fields(cls):
+            key = _camel(item.name)
+            if key not in data:
+                continue
+            value = data[key]
+            if item.name in ("started_at", "step_started_at"):
+                value = datetime.fromisoformat(value)
+            elif item.name in ("plan", "done"):
+                value = tuple(value)
+            elif item.name == "kind":
+                value = OperationKind(value)
+            kwargs[item.name] = value
+        return cls(**kwargs)
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    """Everything the engine remembers about one cluster between two decisions."""
+
+    initialized: bool = False  # the first primary came up (bootstrap done)
+    complete: bool = False  # all the initial members were ready once (Creating is over)
+    current_primary: str | None = None
+    timeline: int | None = None
+    voters: frozenset[str] = field(default_factory=frozenset)
+    sync: SyncConfig | None = None  # last confirmed on the primary
+    sync_pending: SyncConfig | None = None  # asked for, not yet observed
+    primary_lost_since: datetime | None = None
+    quorum_lost_since: datetime | None = None
+    last_scheduled_backup: datetime | None = None
+    operation: Operation | None = None
+    aborted: Operation | None = None  # the last aborted operation, reported until its cause is gone
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "initialized": self.initialized,
+            "complete": self.complete,
+            "voters": sorted(self.voters),
+        }
+        for name in ("current_primary", "timeline"):
+            value = getattr(self, name)
+            if value is not None:
+                out[_camel(name)] = value
+        for name in ("sync", "sync_pending"):
+            config = getattr(self, name)
+            if config is not None:
+                out[_camel(name)] = config.to_dict()
+        for name in ("primary_lost_since", "quorum_lost_since", "last_scheduled_backup"):
+            moment = getattr(self, name)
+            if moment is not None:
+                out[_camel(name)] = moment.isoformat()
+        if self.operation is not None:
+            out["operation"] = self.operation.to_dict()
+        if self.aborted is not None:
+            out["aborted"] = self.aborted.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EngineStatus:
+        def moment(key: str) -> datetime | None:
+            value = data.get(key)
+            return None if value is None else datetime.fromisoformat(value)
+
+        def config(key: str) -> SyncConfig | None:
+            value = data.get(key)
+            return None if value is None else SyncConfig.from_dict(value)
+
+        operation = data.get("operation")
+        aborted = data.get("aborted")
+        return cls(
+            initialized=bool(data.get("initialized", False)),
+            complete=bool(data.get("complete", False)),
+            current_primary=data.get("currentPrimary"),
+            timeline=data.get("timeline"),
+            voters=frozenset(data.get("voters", ())),
+            sync=config("sync"),
+            sync_pending=config("syncPending"),
+            primary_lost_since=moment("primaryLostSince"),
+            quorum_lost_since=moment("quorumLostSince"),
+            last_scheduled_backup=moment("lastScheduledBackup"),
+            operation=None if operation is None else Operation.from_dict(operation),
+            aborted=None if aborted is None else Operation.from_dict(aborted),
+        )
+
+    def possible_sync_configs(self) -> list[SyncConfig]:
+        """The sync configurations that may be in force on the primary right now."""
+        return [config for config in (self.sync, self.sync_pending) if config is not None]
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)

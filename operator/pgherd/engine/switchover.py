@@ -1,0 +1,116 @@
+"""Planned switchover: drain the primary, let the target catch up exactly, promote it.
+
+Steps (``operation.source`` is the primary, ``operation.target`` the member to promote):
+
+``switchover-fence``    Fence the primary: out of the rw endpoint, clean shutdown. PostgreSQL's clean
+                        shutdown sends all WAL to the connected standbys; the adapter reports the
+                        final WAL end (``received_lsn`` of the fenced member), recorded as final_lsn.
+``switchover-catchup``  Wait until the target received exactly that much WAL.
+``switchover-promote``  As in a failover (sync standbys first, then pg_promote), then re-point.
+
+The target is checked before the first step: a voter, streaming from the primary, ready, on the
+primary's timeline and caught up. A member that just rejoined and does not stream yet is never a
+target (Patroni 3.0.2 lost acknowledged writes that way). If the final LSN cannot be read or the
+target does not reach it in time, the switchover is abandoned with the primary fenced: the regular
+failover path (quorum-confirmed, most WAL first) then elects the new primary, which is always safe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import timedelta
+
+from pgherd.api.cluster import Phase
+from pgherd.engine.actions import Fence
+from pgherd.engine.context import Context, Outcome, by_most_data
+from pgherd.engine.failover import promote_step
+from pgherd.engine.status import Operation
+from pgherd.engine.view import MemberView
+
+SWITCHOVER_TIMEOUT = timedelta(seconds=30)
+
+STEPS = ("switchover-fence", "switchover-catchup", "switchover-promote")
+
+
+def target_problem(ctx: Context, member: MemberView | None) -> str | None:
+    """Why ``member`` cannot be a switchover target now, or None."""
+    primary = ctx.status.current_primary
+    if member is None or not member.exists:
+        return "it does not exist"
+    if member.name == primary:
+        return "it is the primary"
+    if member.name not in ctx.status.voters:
+        return "it is not yet a quorum member (still seeding or joining)"
+    if primary is None or not member.streams_from(primary):
+        return f"it is not streaming from the primary {primary}"
+    if not member.ready or member.fenced:
+        return "it is not ready"
+    if not ctx.on_current_timeline(member):
+        return f"it is on timeline {member.timeline}, the primary on {ctx.status.timeline}"
+    if not ctx.caught_up(member):
+        return f"it is {ctx.lag(member)} bytes behind the primary"
+    others = [m for m in ctx.reachable_voters() if m.name != primary]
+    if len(others) < ctx.needed():
+        return f"only {len(others)} other members are reachable; a majority ({ctx.needed()}) is needed"
+    return None
+
+
+def best_target(ctx: Context, candidates: list[MemberView]) -> MemberView | None:
+    valid = [m for m in candidates if target_problem(ctx, m) is None]
+    return min(valid, key=by_most_data) if valid else None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A switchover step's result: the outcome, and whether it finished or failed (with why)."""
+
+    outcome: Outcome
+    finished: bool = False
+    failed: str | None = None
+
+
+def begin(ctx: Context, operation: Operation, target: str) -> Operation:
+    """``operation`` moved to the first switchover step; the caller checked target_problem first."""
+    return replace(operation, source=ctx.status.current_primary, target=target, final_lsn=None).at(
+        STEPS[0], ctx.now
+    )
+
+
+def advance(ctx: Context, operation: Operation, phase: Phase = Phase.SWITCHING_OVER) -> Progress:
+    status = replace(ctx.status, operation=operation)
+    ctx = replace(ctx, status=status)
+    old = ctx.view.member(operation.source)
+    target = ctx.view.member(operation.target)
+    step_age = ctx.now - (operation.step_started_at or operation.started_at)
+    if operation.step == "switchover-fence":
+        if old is not None and old.exists and not old.fenced:
+            return Progress(
+                Outcome(phase, status, (Fence(old.name, reason="switchover"),), f"draining {old.name}")
+            )
+        final = old.received_lsn if old is not None else None
+        operation = replace(operation, final_lsn=final).at("switchover-catchup", ctx.now)
+        status = replace(status, operation=operation)
+        ctx = replace(ctx, status=status)
+        step_age = timedelta(0)
+    if operation.step == "switchover-catchup":
+        if operation.final_lsn is None:
+            return _abandon(ctx, operation, phase, f"the final WAL position of {operation.source} is unknown")
+        have = target.received_lsn if target is not None and target.reachable else None
+        if have is not None and have >= operation.final_lsn:
+            operation = operation.at("switchover-promote", ctx.now)
+            ctx = replace(ctx, status=replace(status, operation=operation))
+        elif step_age > SWITCHOVER_TIMEOUT:
+            return _abandon(ctx, operation, phase, f"{operation.target} did not catch up in time")
+        else:
+            return Progress(Outcome(phase, status, message=f"waiting for {operation.target} to catch up"))
+    if operation.step == "switchover-promote":
+        # No timeout here: once Promote may have been applied, no other member may be promoted.
+        done = target is not None and target.is_primary
+        return Progress(promote_step(ctx, operation, phase), finished=done)
+    raise AssertionError(f"unknown switchover step {operation.step!r}")
+
+
+def _abandon(ctx: Context, operation: Operation, phase: Phase, why: str) -> Progress:
+    """Leave the primary fenced: the failover path takes over after its detection period."""
+    status = replace(ctx.status, operation=None, primary_lost_since=ctx.now)
+    return Progress(Outcome(phase, status, message=f"switchover abandoned: {why}"), failed=why)

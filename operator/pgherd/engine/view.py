@@ -1,0 +1,162 @@
+"""What the adapters observed: the engine's only input besides the spec and its own recorded status.
+
+Both adapters (kube, local) build the same ClusterView. Everything is plain, frozen data; LSNs are
+integers (see ``pgherd.engine.lsn``) and time comes in as ``now`` so that the engine never reads a
+clock. A field the adapter could not observe is None (unknown), never a guess.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+
+from pgherd.engine.quorum import SyncConfig
+
+
+class Role(StrEnum):
+    PRIMARY = "primary"  # pg_is_in_recovery() = false
+    REPLICA = "replica"  # pg_is_in_recovery() = true
+    UNKNOWN = "unknown"  # not reachable, or not running
+
+
+def member_name(cluster: str, ordinal: int) -> str:
+    """Members are named like StatefulSet pods: ``<cluster>-<ordinal>``."""
+    return f"{cluster}-{ordinal}"
+
+
+@dataclass(frozen=True)
+class MemberView:
+    """One member (pod / local PostgreSQL instance) as observed just now.
+
+    ``exists``: the pod or process (and its data volume) exists at the platform level.
+    ``reachable``: the operator could query PostgreSQL on it (psycopg, short timeout).
+    ``received_lsn``: on a replica, the WAL received (pg_last_wal_receive_lsn, or the replay LSN when
+    it has no receiver yet); on a primary, pg_current_wal_lsn; on a fenced member, its final WAL end
+    when the adapter could read it (pg_controldata after a clean stop), else None.
+    ``wal_receiver_streaming``: pg_stat_wal_receiver.status = 'streaming' (from ``upstream``).
+    ``revision``: the spec revision the member runs (see ``pgherd.engine.revision``).
+    ``sync``: synchronous_standby_names in force on this member (meaningful on the primary).
+    ``fenced``: the adapter fenced it (out of the rw endpoint, stopped); cleared by Rejoin.
+    """
+
+    name: str
+    ordinal: int
+    exists: bool = True
+    reachable: bool = False
+    role: Role = Role.UNKNOWN
+    timeline: int | None = None
+    received_lsn: int | None = None
+    replayed_lsn: int | None = None
+    wal_receiver_streaming: bool = False
+    upstream: str | None = None
+    ready: bool = False
+    revision: str | None = None
+    data_present: bool = True
+    fenced: bool = False
+    sync: SyncConfig | None = None
+
+    @property
+    def is_primary(self) -> bool:
+        return self.reachable and self.role is Role.PRIMARY and not self.fenced
+
+    def streams_from(self, primary: str) -> bool:
+        return (
+            self.reachable
+            and self.role is Role.REPLICA
+            and self.wal_receiver_streaming
+            and (self.upstream == primary)
+        )
+
+
+class JobState(StrEnum):
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class JobKind(StrEnum):
+    SNAPSHOT = "snapshot"  # named after its Backup
+    RESTORE = "restore"  # named after its Restore (or the automatic recovery, see status.operation)
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A snapshot or restore Job (kube Job / local subprocess), keyed by kind and the name it serves.
+
+    ``stage``: what a restore job reports it is doing: ``restoring`` (fetching the snapshot) or
+    ``replaying`` (archived WAL up to the target).
+    """
+
+    kind: JobKind
+    name: str
+    state: JobState
+    member: str | None = None
+    stage: str | None = None
+    message: str = ""
+    backup_id: str | None = None
+    timeline: int | None = None
+
+
+@dataclass(frozen=True)
+class BackupView:
+    """A Backup object of this cluster: its recorded phase and, when started, its snapshot job."""
+
+    name: str
+    phase: str = "Pending"  # pgherd.api.backup.BackupPhase value
+    target: str = "preferStandby"  # pgherd.api.backup.BackupTarget value
+    created_at: datetime | None = None
+    completed_at: datetime | None = None
+    backup_id: str | None = None
+    source_member: str | None = None
+
+
+@dataclass(frozen=True)
+class RestoreView:
+    """A Restore object of this cluster: what it asks for, its recorded phase and its job."""
+
+    name: str
+    backup: str | None = None
+    snapshot_id: str | None = None
+    target_time: str | None = None
+    target_lsn: str | None = None
+    target_immediate: bool = False
+    phase: str = "Pending"  # pgherd.api.restore.RestorePhase value
+    created_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """Everything observed about one cluster at ``now``."""
+
+    cluster: str
+    now: datetime
+    members: tuple[MemberView, ...] = ()
+    backups: tuple[BackupView, ...] = ()
+    restores: tuple[RestoreView, ...] = ()
+    jobs: tuple[JobView, ...] = ()
+    archiving_healthy: bool | None = None  # pg_stat_archiver on the primary: None when unknown
+    deleting: bool = False
+    generation: int | None = None
+    switchover_to: str | None = None  # a user's request (annotation pgherd.io/switchover-to)
+    _by_name: dict[str, MemberView] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_name", {member.name: member for member in self.members})
+
+    def member(self, name: str | None) -> MemberView | None:
+        return None if name is None else self._by_name.get(name)
+
+    def existing(self) -> list[MemberView]:
+        return sorted((m for m in self.members if m.exists), key=lambda m: m.ordinal)
+
+    def backup(self, name: str) -> BackupView | None:
+        return next((b for b in self.backups if b.name == name), None)
+
+    def job(self, kind: JobKind, name: str) -> JobView | None:
+        return next((j for j in self.jobs if j.kind is kind and j.name == name), None)
+
+
+def ordinal_of(name: str) -> int:
+    """The ordinal of a member name (``<cluster>-<ordinal>``)."""
+    return int(name.rsplit("-", 1)[1])

