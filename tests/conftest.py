@@ -163,7 +163,9 @@ class StoreInfo:
     def keys(self, contains: str = "") -> list[str]:
         client = self.endpoint.client()
         keys: list[str] = []
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=self.endpoint.bucket, Prefix=self.prefix):
+        for page in client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.endpoint.bucket, Prefix=self.prefix
+        ):
             keys.extend(item["Key"] for item in page.get("Contents", []) if contains in item["Key"])
         return keys
 
@@ -241,7 +243,9 @@ class PgInstance:
             except Exception as exc:  # not up yet
                 last = exc
             time.sleep(0.1)
-        raise AssertionError(f"{self.name}: timed out waiting for {what} ({last}); log tail:\n{self.log[-3000:]}")
+        raise AssertionError(
+            f"{self.name}: timed out waiting for {what} ({last}); log tail:\n{self.log[-3000:]}"
+        )
 
     def wait_promoted(self, timeout: float = 60) -> None:
         self.wait_until(lambda: not self.in_recovery(), "the end of recovery", timeout)
@@ -266,12 +270,18 @@ class PgInstance:
                 "SELECT format('%I.%I', schemaname, relname) FROM pg_stat_user_tables ORDER BY 1"
             )
         ]
-        return {t: str(self.value(f"SELECT md5(coalesce(string_agg(x::text, ',' ORDER BY x::text), '')) FROM {t} x"))
-                for t in tables}
+        return {
+            t: str(
+                self.value(f"SELECT md5(coalesce(string_agg(x::text, ',' ORDER BY x::text), '')) FROM {t} x")
+            )
+            for t in tables
+        }
 
 
 @pytest.fixture
-def pg_factory(pg_bin: PgBinaries, work_root: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., PgInstance]]:
+def pg_factory(
+    pg_bin: PgBinaries, work_root: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., PgInstance]]:
     """make(name, env=None) -> PgInstance (not initialised: call .initdb() or seed it); all are
     stopped at the end of the test."""
     created: list[PgInstance] = []
@@ -284,9 +294,9 @@ def pg_factory(pg_bin: PgBinaries, work_root: Path, request: pytest.FixtureReque
         return instance
 
     yield make
-    for instance in created:
+    for instance in created:  # immediate: nothing to keep, no shutdown checkpoint nor final archiving
         with contextlib.suppress(Exception):
-            instance.stop()
+            postmaster.stop(instance.pgdata, bins=instance.bins, mode="immediate")
         with contextlib.suppress(Exception):
             instance.kill()
 
@@ -320,10 +330,17 @@ class AgentRun:
 def agent(s3_store: StoreInfo) -> Callable[..., AgentRun]:
     """Run the `pgherd-backup` command against this test's store; agent(*args, env=..., cwd=...)."""
 
-    def run(*args: str, env: Mapping[str, str] | None = None, cwd: str | None = None, timeout: float = 120) -> AgentRun:
+    def run(
+        *args: str, env: Mapping[str, str] | None = None, cwd: str | None = None, timeout: float = 120
+    ) -> AgentRun:
         full_env = {**os.environ, **s3_store.env(), **(env or {})}
         result = subprocess.run(
-            [agent_executable(), *args], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=timeout
+            [agent_executable(), *args],
+            capture_output=True,
+            text=True,
+            env=full_env,
+            cwd=cwd,
+            timeout=timeout,
         )
         return AgentRun(result.returncode, result.stdout, result.stderr)
 

@@ -32,13 +32,19 @@ class _Parser(argparse.ArgumentParser):
 
 def _store_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("object store")
-    group.add_argument("--store", default=os.environ.get("PGHERD_STORE"), help="s3://bucket/path ($PGHERD_STORE)")
-    group.add_argument("--cluster", default=os.environ.get("PGHERD_CLUSTER"), help="cluster name ($PGHERD_CLUSTER)")
+    group.add_argument(
+        "--store", default=os.environ.get("PGHERD_STORE"), help="s3://bucket/path ($PGHERD_STORE)"
+    )
+    group.add_argument(
+        "--cluster", default=os.environ.get("PGHERD_CLUSTER"), help="cluster name ($PGHERD_CLUSTER)"
+    )
     group.add_argument("--system-id", default=None, help="PostgreSQL system identifier (default: found)")
     group.add_argument("--endpoint", default=None, help="S3 endpoint URL ($AWS_ENDPOINT_URL)")
     group.add_argument("--region", default=None, help="S3 region ($AWS_REGION)")
     group.add_argument("--access-key-id", default=None, help="($AWS_ACCESS_KEY_ID; prefer the variable)")
-    group.add_argument("--secret-access-key", default=None, help="($AWS_SECRET_ACCESS_KEY; prefer the variable)")
+    group.add_argument(
+        "--secret-access-key", default=None, help="($AWS_SECRET_ACCESS_KEY; prefer the variable)"
+    )
 
 
 def _open_store(args: argparse.Namespace) -> Any:
@@ -101,7 +107,7 @@ def cmd_wal_fetch(args: argparse.Namespace) -> int:
 
     store = _open_store(args)
     try:
-        fetch(store, args.name, Path(args.dest), system_id=args.system_id)
+        fetch(store, args.name, Path(args.dest), system_id=args.system_id, prefetch=args.prefetch)
     except ObjectMissing:
         return 1  # not archived (yet): PostgreSQL probes for files that do not exist; stay quiet
     return 0
@@ -179,7 +185,9 @@ def cmd_list(args: argparse.Namespace) -> int:
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
-        sys.stdout.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() + "\n")
+        sys.stdout.write(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() + "\n"
+        )
     if not snapshots:
         sys.stdout.write(f"(no complete snapshot for cluster {store.location.cluster!r})\n")
     return 0
@@ -225,7 +233,9 @@ def _member_settings(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_instance_seed(args: argparse.Namespace) -> int:
     from pgherd_backup.member import SnapshotSource, prepare_member
 
-    snapshot = SnapshotSource(_open_store(args), args.from_snapshot, args.system_id) if args.from_snapshot else None
+    snapshot = (
+        SnapshotSource(_open_store(args), args.from_snapshot, args.system_id) if args.from_snapshot else None
+    )
     prepared = prepare_member(
         Path(args.pgdata),
         settings=_member_settings(args),
@@ -235,7 +245,9 @@ def cmd_instance_seed(args: argparse.Namespace) -> int:
         snapshot=snapshot,
         slot=args.slot,
     )
-    _print_json({"action": prepared.action, "pgdata": str(prepared.pgdata), "kept_aside": prepared.kept_aside})
+    _print_json(
+        {"action": prepared.action, "pgdata": str(prepared.pgdata), "kept_aside": prepared.kept_aside}
+    )
     if args.command_name == "run":
         from pgherd_backup.postgres.postmaster import run_foreground
 
@@ -270,7 +282,9 @@ def cmd_instance_promote(args: argparse.Namespace) -> int:
 def cmd_instance_rejoin(args: argparse.Namespace) -> int:
     from pgherd_backup.postgres.rewind import rejoin_as_standby
 
-    result = rejoin_as_standby(Path(args.pgdata), args.primary, slot=args.slot, allow_reclone=not args.no_reclone)
+    result = rejoin_as_standby(
+        Path(args.pgdata), args.primary, slot=args.slot, allow_reclone=not args.no_reclone
+    )
     _print_json({"method": result.method, "kept_aside": result.kept_aside})
     return 0
 
@@ -317,6 +331,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("wal-fetch", help="restore one archived WAL file (restore_command)")
     _store_options(p)
+    p.add_argument(
+        "--prefetch",
+        type=int,
+        default=int(os.environ.get("PGHERD_WAL_PREFETCH", "8")),
+        help="segments to download ahead, in parallel ($PGHERD_WAL_PREFETCH, default 8; 0 disables)",
+    )
     p.add_argument("name")
     p.add_argument("dest")
     p.set_defaults(func=cmd_wal_fetch)
@@ -352,7 +372,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     instance = sub.add_parser("instance", help="seed, start and rejoin a PostgreSQL member")
     isub = instance.add_subparsers(dest="command_name", required=True, parser_class=_Parser)
-    for name, helptext in (("seed", "prepare the data directory"), ("run", "prepare, then run in the foreground")):
+    for name, helptext in (
+        ("seed", "prepare the data directory"),
+        ("run", "prepare, then run in the foreground"),
+    ):
         p = isub.add_parser(name, help=helptext)
         _store_options(p)
         p.add_argument("--pgdata", required=True)
@@ -360,7 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--listen", default="127.0.0.1")
         p.add_argument("--socket-dir", default="")
         p.add_argument("--primary", default=None, help="DSN of the primary to clone and follow")
-        p.add_argument("--primary-conninfo", default=None, help="primary_conninfo, when it differs from --primary")
+        p.add_argument(
+            "--primary-conninfo", default=None, help="primary_conninfo, when it differs from --primary"
+        )
         p.add_argument("--slot", default=None)
         p.add_argument("--new-cluster", action="store_true", help="first member of a new cluster: initdb")
         p.add_argument("--from-snapshot", default=None, help="seed from this snapshot id (or 'latest')")

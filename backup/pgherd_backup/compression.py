@@ -11,7 +11,7 @@ import gzip
 import os
 import zlib
 from dataclasses import dataclass
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
 from pgherd_backup.errors import BackupError, IntegrityError, UsageError
 
@@ -77,7 +77,9 @@ class Codec:
         if self.name == "lz4":
             import lz4.frame
 
-            return _Lz4Compressor(lz4.frame.LZ4FrameCompressor(compression_level=self.level, content_checksum=True))
+            return _Lz4Compressor(
+                lz4.frame.LZ4FrameCompressor(compression_level=self.level, content_checksum=True)
+            )
         if self.name == "gzip":
             return _GzipCompressor(self.level or 1)
         return _Identity()
@@ -91,8 +93,9 @@ class Codec:
         if self.name == "zstd":
             import zstandard
 
+            stream: Any = source
             r: Reader = zstandard.ZstdDecompressor().stream_reader(
-                source, read_size=1 << 20, read_across_frames=True
+                stream, read_size=1 << 20, read_across_frames=True
             )
             return r
         if self.name == "lz4":

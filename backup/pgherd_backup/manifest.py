@@ -90,7 +90,9 @@ class Manifest:
         except IntegrityError:
             raise
         except (ValueError, KeyError, TypeError) as exc:
-            raise IntegrityError(f"{origin} is not a valid pgherd manifest ({exc}): the snapshot is unusable") from None
+            raise IntegrityError(
+                f"{origin} is not a valid pgherd manifest ({exc}): the snapshot is unusable"
+            ) from None
 
     def summary(self) -> dict[str, Any]:
         """The JSON summary printed by `snapshot` and `list --json` (no per-object detail)."""

@@ -1,13 +1,13 @@
 """The instance entrypoint's decision: how to get a member's data directory ready to start.
 
-    empty + snapshot given      -> restore the snapshot (then standby of the primary, if given)
-    empty + primary given       -> pg_basebackup from the primary, standby of it
-    empty + new cluster         -> initdb (the first member of a brand-new cluster: the only one
-                                   that starts as a primary by itself)
-    existing + primary given    -> standby of it; an old primary (no standby.signal) is rewound
-                                   first, or re-cloned when pg_rewind fails
-    existing + no primary       -> start as it is (a standby stays a standby: a member never
-                                   promotes itself, the operator does)
+empty + snapshot given      -> restore the snapshot (then standby of the primary, if given)
+empty + primary given       -> pg_basebackup from the primary, standby of it
+empty + new cluster         -> initdb (the first member of a brand-new cluster: the only one
+                               that starts as a primary by itself)
+existing + primary given    -> standby of it; an old primary (no standby.signal) is rewound
+                               first, or re-cloned when pg_rewind fails
+existing + no primary       -> start as it is (a standby stays a standby: a member never
+                               promotes itself, the operator does)
 """
 
 from __future__ import annotations

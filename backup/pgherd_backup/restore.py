@@ -283,6 +283,28 @@ class QueueReader:
         return bytes(chunk)
 
 
+def sync_tree(root: Path, workers: int = 8) -> None:
+    """fsync every file, then every directory, of `root` (in parallel: the kernel has been writing
+    them back in the meantime): the restored files are on disk before anyone starts PostgreSQL."""
+    files: list[str] = []
+    dirs: list[str] = []
+    for current, _subdirs, names in os.walk(root):
+        dirs.append(current)
+        files.extend(os.path.join(current, n) for n in names if not os.path.islink(os.path.join(current, n)))
+
+    def fsync(path: str) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    with ThreadPoolExecutor(workers, thread_name_prefix="fsync") as pool:
+        list(pool.map(fsync, files))
+    for directory in reversed(dirs):
+        fsync(directory)
+
+
 def _empty(pgdata: Path) -> None:
     for child in pgdata.iterdir():
         if child.is_dir() and not child.is_symlink():
@@ -318,7 +340,7 @@ def restore_files(
         extract(QueueReader(decompressor.blocks), pgdata, uid=uid, gid=gid, progress=report)
         decompressor.join()
         if options.sync:
-            os.sync()
+            sync_tree(pgdata)
         ok = True
     finally:
         decompressor.stopping.set()

@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import threading
+import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -47,7 +48,8 @@ class SnapshotOptions:
     max_inflight_parts: int = 6
     wal_method: str = "fetch"
     checkpoint: str = "fast"
-    max_rate: str | None = None  # pg_basebackup --max-rate, e.g. "100M": spare the source's disks
+    max_rate: str | None = None
+    archive_wait: float = 120.0  # with wal_method "none": how long to wait for start..stop to be archived  # pg_basebackup --max-rate, e.g. "100M": spare the source's disks
 
 
 class _Uploads:
@@ -67,7 +69,7 @@ class _Uploads:
         def work() -> tuple[str, Part]:
             try:
                 digest = hashlib.sha256(data).hexdigest()
-                etag = self.store.upload_part(key, upload_id, number, data)
+                etag = self.store.upload_part(key, upload_id, number, data, digest)
                 self.uploaded += len(data)
                 return etag, Part(len(data), digest)
             finally:
@@ -91,7 +93,9 @@ class _Uploads:
 class _ObjectWriter:
     """One data object: a single compressed frame, uploaded part by part."""
 
-    def __init__(self, store: Store, uploads: _Uploads, key: str, name: str, options: SnapshotOptions) -> None:
+    def __init__(
+        self, store: Store, uploads: _Uploads, key: str, name: str, options: SnapshotOptions
+    ) -> None:
         self.store = store
         self.uploads = uploads
         self.key = key
@@ -275,6 +279,8 @@ def take_snapshot(
             writer = None
         uploads.raise_failures()
         manifest = _build_manifest(store, info, snap_id, started, tap.files, watcher, objects, options)
+        if options.wal_method == "none":
+            wait_for_archived_wal(store, manifest, options.archive_wait)
         store.put_bytes(layout.manifest_key(snap_id), manifest.to_json().encode(), "application/json")
         ok = True
         if progress is not None:
@@ -293,6 +299,25 @@ def take_snapshot(
             if writer is not None:
                 writer.abort()
             _forget(store, [layout.data_key(snap_id, o.name) for o in objects])
+
+
+def wait_for_archived_wal(store: Store, manifest: Manifest, timeout: float) -> None:
+    """Without WAL in the snapshot (-X none) it is consistent only with start..stop archived."""
+    layout = Layout(store.location, manifest.system_id)
+    first, last = Segment.parse(manifest.start_wal), Segment.parse(manifest.stop_wal)
+    missing = [Segment(first.timeline, n).name() for n in range(first.number, last.number + 1)]
+    deadline = time.monotonic() + timeout
+    while missing:
+        missing = [name for name in missing if not store.exists(layout.wal_key(name))]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise IntegrityError(
+                f"WAL segment {missing[0]} needed to make snapshot {manifest.id} consistent is not in the archive "
+                f"after {timeout:.0f}s (the snapshot was taken with --wal-method none): check archive_command "
+                "on the primary, or use --wal-method fetch; the snapshot was not recorded"
+            )
+        time.sleep(1)
 
 
 def _forget(store: Store, keys: list[str]) -> None:
@@ -332,7 +357,9 @@ def _build_manifest(
             ranges = json.loads(files["backup_manifest"])["WAL-Ranges"]
             stop_lsn, stop_timeline = ranges[-1]["End-LSN"], int(ranges[-1]["Timeline"])
     if stop_lsn is None:
-        raise IntegrityError("cannot tell where the base backup ends (no end LSN): the snapshot is not usable")
+        raise IntegrityError(
+            "cannot tell where the base backup ends (no end LSN): the snapshot is not usable"
+        )
     pg_major = int(files.get("PG_VERSION", b"0").decode().strip() or 0)
     return Manifest(
         id=snap_id,

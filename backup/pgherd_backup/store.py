@@ -8,8 +8,11 @@ time matters.
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import os
 import re
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -18,6 +21,7 @@ from typing import Any, TypeVar
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from pgherd_backup.errors import ObjectMissing, StoreError
+from pgherd_backup.s3lite import Credentials, ListPage, LiteS3, LiteS3Error
 
 T = TypeVar("T")
 
@@ -84,9 +88,11 @@ class S3Settings:
     region: str | None = None
     access_key_id: str | None = None
     secret_access_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
     force_path_style: bool | None = None
     sign_payload: bool = False
     retries: int = 5
+    lite: bool = True
     connect_timeout: float = 5.0
     read_timeout: float = 60.0
 
@@ -98,6 +104,8 @@ class S3Settings:
             "region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
             "access_key_id": env.get("AWS_ACCESS_KEY_ID") or None,
             "secret_access_key": env.get("AWS_SECRET_ACCESS_KEY") or None,
+            "session_token": env.get("AWS_SESSION_TOKEN") or None,
+            "lite": env.get("PGHERD_S3_LITE", "1") not in {"0", "false", "no"},
             "sign_payload": env.get("PGHERD_S3_SIGN_PAYLOAD", "") in {"1", "true", "yes"},
         }
         if env.get("PGHERD_S3_FORCE_PATH_STYLE"):
@@ -132,10 +140,14 @@ def _error_code(exc: BaseException) -> str:
 
 
 def _is_connection_error(exc: BaseException) -> bool:
+    if isinstance(exc, OSError | http.client.HTTPException):
+        return True
+    if "botocore.exceptions" not in sys.modules:  # botocore not even loaded: not one of its errors
+        return False
     from botocore.exceptions import ConnectionError as BotoConnectionError
     from botocore.exceptions import HTTPClientError
 
-    return isinstance(exc, BotoConnectionError | HTTPClientError | ConnectionError | TimeoutError)
+    return isinstance(exc, BotoConnectionError | HTTPClientError)
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -145,13 +157,34 @@ def _is_transient(exc: BaseException) -> bool:
 
 
 class Store:
-    """One cluster's archive in S3. Thread-safe: the boto3 client is shared by worker threads."""
+    """One cluster's archive in S3. Thread-safe: the S3 client is shared by worker threads.
 
-    def __init__(self, location: StoreLocation, settings: S3Settings | None = None, *, pool: int = 16) -> None:
+    With static credentials (the AWS_* variables or flags) requests go through the small built-in
+    client (`s3lite`); otherwise, or with PGHERD_S3_LITE=0, through boto3.
+    """
+
+    def __init__(
+        self, location: StoreLocation, settings: S3Settings | None = None, *, pool: int = 16
+    ) -> None:
         self.location = location
         self.settings = settings or S3Settings.from_env()
         self._pool = pool
-        self._client: Any = None
+        self._backend: LiteS3 | Any = None
+        s = self.settings
+        if s.lite and s.access_key_id and s.secret_access_key:
+            self._backend = LiteS3(
+                s.endpoint_url,
+                s.region or "us-east-1",
+                Credentials(s.access_key_id, s.secret_access_key, s.session_token),
+                path_style=self._path_style,
+                timeout=s.read_timeout,
+                connect_timeout=s.connect_timeout,
+            )
+
+    @property
+    def _path_style(self) -> bool:
+        s = self.settings
+        return bool(s.force_path_style or (s.force_path_style is None and s.endpoint_url))
 
     @property
     def bucket(self) -> str:
@@ -162,10 +195,12 @@ class Store:
         return self.settings.endpoint_url or "the default AWS S3 endpoint"
 
     @property
-    def client(self) -> Any:
-        if self._client is None:
-            self._client = self._make_client()
-        return self._client
+    def backend(self) -> Any:
+        if self._backend is None:
+            from pgherd_backup.s3boto import BotoS3
+
+            self._backend = BotoS3(self._make_client())
+        return self._backend
 
     def _make_client(self) -> Any:
         import boto3
@@ -173,7 +208,7 @@ class Store:
 
         s = self.settings
         s3_options: dict[str, Any] = {"payload_signing_enabled": s.sign_payload}
-        if s.force_path_style or (s.force_path_style is None and s.endpoint_url):
+        if self._path_style:
             s3_options["addressing_style"] = "path"
         config_args: dict[str, Any] = {
             "max_pool_connections": self._pool,
@@ -192,13 +227,13 @@ class Store:
             )
         except TypeError:  # botocore older than 1.36 has no flexible checksums to turn off
             config = Config(**config_args)
-        session = boto3.session.Session()
-        return session.client(
+        return boto3.session.Session().client(
             "s3",
             endpoint_url=s.endpoint_url,
             region_name=s.region or "us-east-1",
             aws_access_key_id=s.access_key_id,
             aws_secret_access_key=s.secret_access_key,
+            aws_session_token=s.session_token,
             config=config,
         )
 
@@ -224,7 +259,7 @@ class Store:
             )
         if code in _MISSING_CODES and key is not None:
             return ObjectMissing(f"object {where} does not exist", key)
-        if code == "NoCredentialsError" or type(exc).__name__ == "NoCredentialsError":
+        if type(exc).__name__ == "NoCredentialsError":
             return StoreError("no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
         detail = str(exc) or type(exc).__name__
         return StoreError(f"S3 request failed while {action} {where}: {detail}")
@@ -250,150 +285,99 @@ class Store:
             return retrying(fn)
         except StoreError:
             raise
+        except LiteS3Error as exc:
+            raise self._translate(exc, action, key) from None
         except Exception as exc:
-            from botocore.exceptions import BotoCoreError, ClientError
+            if "botocore.exceptions" in sys.modules:
+                from botocore.exceptions import BotoCoreError, ClientError
 
-            if isinstance(exc, ClientError | BotoCoreError):
-                raise self._translate(exc, action, key) from None
+                if isinstance(exc, ClientError | BotoCoreError):
+                    raise self._translate(exc, action, key) from None
             raise
 
     # -- operations -----------------------------------------------------------------------------
 
     def check(self) -> None:
         """Fail early, with a clear message, when the bucket is unreachable, missing or forbidden."""
-
-        def head() -> None:
-            try:
-                self.client.head_bucket(Bucket=self.bucket)
-            except Exception as exc:
-                if _error_code(exc) in {"404", "NoSuchBucket", "NotFound"}:
-                    from botocore.exceptions import ClientError
-
-                    raise ClientError(
-                        {"Error": {"Code": "NoSuchBucket", "Message": "no such bucket"}}, "HeadBucket"
-                    ) from exc
-                raise
-
-        self._call("checking", None, head)
+        self._call("checking", None, lambda: self.backend.head_bucket(self.bucket))
 
     def put_bytes(self, key: str, data: bytes, content_type: str = "application/octet-stream") -> None:
-        self._call(
-            "uploading",
-            key,
-            lambda: self.client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType=content_type),
-        )
+        self._call("uploading", key, lambda: self.backend.put(self.bucket, key, data, content_type))
 
     def get_bytes(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
         """The object's bytes; `byte_range` is (first, last) inclusive."""
-
-        def get() -> bytes:
-            args: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
-            if byte_range is not None:
-                args["Range"] = f"bytes={byte_range[0]}-{byte_range[1]}"
-            body = self.client.get_object(**args)["Body"]
-            try:
-                data: bytes = body.read()
-            finally:
-                body.close()
-            return data
-
-        return self._call("downloading", key, get)
+        data: bytes = self._call("downloading", key, lambda: self.backend.get(self.bucket, key, byte_range))
+        return data
 
     def head(self, key: str) -> ObjectInfo | None:
-        def head() -> ObjectInfo | None:
-            try:
-                r = self.client.head_object(Bucket=self.bucket, Key=key)
-            except Exception as exc:
-                if _error_code(exc) in _MISSING_CODES:
-                    return None
-                raise
-            return ObjectInfo(key, int(r["ContentLength"]), r["LastModified"])
-
-        return self._call("inspecting", key, head)
+        found = self._call("inspecting", key, lambda: self.backend.head(self.bucket, key))
+        return ObjectInfo(key, found[0], found[1]) if found else None
 
     def exists(self, key: str) -> bool:
         return self.head(key) is not None
 
-    def list_objects(self, prefix: str) -> Iterator[ObjectInfo]:
+    def _pages(self, prefix: str, delimiter: str | None) -> Iterator[ListPage]:
         token: str | None = None
         while True:
-            args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
-            if token:
-                args["ContinuationToken"] = token
-            page = self._call("listing", prefix, lambda a=args: self.client.list_objects_v2(**a))  # type: ignore[misc]
-            for item in page.get("Contents", []):
-                yield ObjectInfo(item["Key"], int(item["Size"]), item["LastModified"])
-            if not page.get("IsTruncated"):
+
+            def fetch(current: str | None = token) -> ListPage:
+                page: ListPage = self.backend.list_page(self.bucket, prefix, delimiter, current)
+                return page
+
+            page = self._call("listing", prefix, fetch)
+            yield page
+            if not page.next_token:
                 return
-            token = page.get("NextContinuationToken")
+            token = page.next_token
+
+    def list_objects(self, prefix: str) -> Iterator[ObjectInfo]:
+        for page in self._pages(prefix, None):
+            for key, size, modified in page.objects:
+                yield ObjectInfo(key, size, modified)
 
     def list_prefixes(self, prefix: str) -> list[str]:
         """The "sub-directories" right under `prefix` (which ends in '/'), without the prefix."""
-        names: list[str] = []
-        token: str | None = None
-        while True:
-            args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "Delimiter": "/"}
-            if token:
-                args["ContinuationToken"] = token
-            page = self._call("listing", prefix, lambda a=args: self.client.list_objects_v2(**a))  # type: ignore[misc]
-            for item in page.get("CommonPrefixes", []):
-                names.append(item["Prefix"][len(prefix) :].rstrip("/"))
-            if not page.get("IsTruncated"):
-                return names
-            token = page.get("NextContinuationToken")
+        return [p[len(prefix) :].rstrip("/") for page in self._pages(prefix, "/") for p in page.prefixes]
 
     def delete(self, keys: list[str]) -> None:
         for start in range(0, len(keys), 1000):
             batch = keys[start : start + 1000]
-            objects = [{"Key": k} for k in batch]
 
-            def delete_batch(objs: list[dict[str, str]] = objects) -> None:
-                r = self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": objs, "Quiet": True})
-                errors = r.get("Errors") or []
-                if errors:
-                    first = errors[0]
-                    raise StoreError(
-                        f"S3 refused to delete s3://{self.bucket}/{first.get('Key')}: "
-                        f"{first.get('Code')} {first.get('Message')}"
-                    )
+            def delete_batch(b: list[str] = batch) -> list[tuple[str, str, str]]:
+                refused: list[tuple[str, str, str]] = self.backend.delete_many(self.bucket, b)
+                return refused
 
-            self._call("deleting", batch[0], delete_batch)
+            errors = self._call("deleting", batch[0], delete_batch)
+            if errors:
+                key, code, message = errors[0]
+                raise StoreError(f"S3 refused to delete s3://{self.bucket}/{key}: {code} {message}")
 
     # -- multipart uploads ----------------------------------------------------------------------
 
     def start_multipart(self, key: str) -> str:
-        r = self._call(
-            "starting the upload of",
-            key,
-            lambda: self.client.create_multipart_upload(
-                Bucket=self.bucket, Key=key, ContentType="application/octet-stream"
-            ),
+        upload_id: str = self._call(
+            "starting the upload of", key, lambda: self.backend.create_multipart(self.bucket, key)
         )
-        return str(r["UploadId"])
+        return upload_id
 
-    def upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> str:
-        r = self._call(
+    def upload_part(
+        self, key: str, upload_id: str, number: int, data: bytes, sha256: str | None = None
+    ) -> str:
+        etag: str = self._call(
             f"uploading part {number} of",
             key,
-            lambda: self.client.upload_part(
-                Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=data
-            ),
+            lambda: self.backend.upload_part(self.bucket, key, upload_id, number, data, sha256),
         )
-        return str(r["ETag"])
+        return etag
 
     def complete_multipart(self, key: str, upload_id: str, etags: list[str]) -> None:
-        parts = [{"ETag": etag, "PartNumber": i + 1} for i, etag in enumerate(etags)]
         self._call(
             "completing the upload of",
             key,
-            lambda: self.client.complete_multipart_upload(
-                Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
-            ),
+            lambda: self.backend.complete_multipart(self.bucket, key, upload_id, etags),
         )
 
     def abort_multipart(self, key: str, upload_id: str) -> None:
         """Best effort: an abort that fails leaves an invisible upload, never a visible object."""
-        try:
-            self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
-        except Exception:  # noqa: S110 - the store may be the reason we are aborting
-            pass
+        with contextlib.suppress(Exception):
+            self.backend.abort_multipart(self.bucket, key, upload_id)

@@ -29,7 +29,11 @@ class VerifyReport:
 
 
 def verify_snapshot(
-    store: Store, manifest: Manifest, *, options: RestoreOptions | None = None, progress: Progress | None = None
+    store: Store,
+    manifest: Manifest,
+    *,
+    options: RestoreOptions | None = None,
+    progress: Progress | None = None,
 ) -> VerifyReport:
     """Raise IntegrityError (naming the object) on the first damaged object."""
     fetcher = PartFetcher(store, manifest, options or RestoreOptions())

@@ -19,7 +19,7 @@ from pgherd_backup.errors import BackupError, IntegrityError, ObjectMissing, Usa
 from pgherd_backup.layout import Layout
 from pgherd_backup.postgres.control import read_system_id
 from pgherd_backup.store import Store
-from pgherd_backup.walnames import is_wal_name
+from pgherd_backup.walnames import Segment, is_segment, is_wal_name
 
 MAGIC = b"PGHERDWAL1\n"
 _HEADER_PROBE = 4096
@@ -32,7 +32,11 @@ class WalHeader:
     sha256: str
 
     def encode(self) -> bytes:
-        return MAGIC + json.dumps({"codec": self.codec, "size": self.size, "sha256": self.sha256}).encode() + b"\n"
+        return (
+            MAGIC
+            + json.dumps({"codec": self.codec, "size": self.size, "sha256": self.sha256}).encode()
+            + b"\n"
+        )
 
 
 def _split(blob: bytes, origin: str) -> tuple[WalHeader, memoryview]:
@@ -90,35 +94,81 @@ def push(store: Store, path: Path, *, system_id: str | None = None, codec: Codec
     return "archived"
 
 
-def fetch(store: Store, name: str, dest: Path, *, system_id: str | None = None) -> None:
-    """Restore one archived WAL file into `dest`; raises ObjectMissing when it is not archived."""
-    if not is_wal_name(name):
-        raise UsageError(f"{name!r} is not a WAL file name")
-    layout = Layout(store.location, system_id_for(dest, system_id))
-    key = layout.wal_key(name)
+def _download(store: Store, key: str) -> bytes:
     origin = f"s3://{store.bucket}/{key}"
-    blob = store.get_bytes(key)
-    header, payload = _split(blob, origin)
+    header, payload = _split(store.get_bytes(key), origin)
     data = Codec.get(header.codec).decompress(bytes(payload), origin)
     if len(data) != header.size or hashlib.sha256(data).hexdigest() != header.sha256:
         raise IntegrityError(
             f"{origin} is corrupted (size or sha256 mismatch): the archived WAL cannot be trusted; "
             "recover from a later snapshot or to an earlier target"
         )
-    tmp = dest.with_name(dest.name + ".pgherd-tmp")
+    return data
+
+
+def _write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".pgherd-tmp")
     with open(tmp, "wb") as handle:
         handle.write(data)
-    os.replace(tmp, dest)
+    os.replace(tmp, path)
+
+
+def _spool_dir(dest: Path) -> Path | None:
+    """Where prefetched segments wait: pg_wal/pgherd-prefetch (never part of a base backup)."""
+    for pgdata in (Path.cwd(), dest.absolute().parent.parent):
+        if (pgdata / "pg_wal").is_dir() and (pgdata / "global" / "pg_control").exists():
+            return pgdata / "pg_wal" / "pgherd-prefetch"
+    return None
+
+
+def fetch(store: Store, name: str, dest: Path, *, system_id: str | None = None, prefetch: int = 0) -> None:
+    """Restore one archived WAL file into `dest`; raises ObjectMissing when it is not archived.
+
+    With `prefetch`, the next segments are downloaded in parallel into pg_wal/pgherd-prefetch,
+    checked, and handed over by the next calls without a request: recovery replays one segment
+    per restore_command, and archived segments never change (wal-push refuses to overwrite).
+    """
+    if not is_wal_name(name):
+        raise UsageError(f"{name!r} is not a WAL file name")
+    layout = Layout(store.location, system_id_for(dest, system_id))
+    spool = _spool_dir(dest) if prefetch > 0 and is_segment(name) else None
+    if spool is not None and (spool / name).exists():
+        os.replace(spool / name, dest)
+        _drop_older(spool, name)
+        return
+    _write(dest, _download(store, layout.wal_key(name)))
+    if spool is not None:
+        _prefetch(store, layout, spool, name, prefetch)
+
+
+def _drop_older(spool: Path, name: str) -> None:
+    for stale in spool.glob("*"):
+        if stale.name < name or stale.name.endswith(".pgherd-tmp"):
+            stale.unlink(missing_ok=True)
+
+
+def _prefetch(store: Store, layout: Layout, spool: Path, name: str, count: int) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    current = Segment.parse(name)
+    upcoming = [Segment(current.timeline, current.number + i).name() for i in range(1, count + 1)]
+    wanted = [n for n in upcoming if not (spool / n).exists()]
+    spool.mkdir(mode=0o700, exist_ok=True)
+    _drop_older(spool, name)
+
+    def one(segment: str) -> None:
+        try:
+            _write(spool / segment, _download(store, layout.wal_key(segment)))
+        except BackupError:
+            pass  # not archived yet, or damaged: the call for that segment will say so
+
+    with ThreadPoolExecutor(min(4, len(wanted) or 1), thread_name_prefix="prefetch") as pool:
+        list(pool.map(one, wanted))
 
 
 def verify_wal_object(store: Store, key: str) -> None:
     """Check one archived WAL object end to end (header, decompression, size, sha256)."""
-    blob = store.get_bytes(key)
-    origin = f"s3://{store.bucket}/{key}"
-    header, payload = _split(blob, origin)
-    data = Codec.get(header.codec).decompress(bytes(payload), origin)
-    if len(data) != header.size or hashlib.sha256(data).hexdigest() != header.sha256:
-        raise IntegrityError(f"{origin} is corrupted (size or sha256 mismatch)")
+    _download(store, key)
 
 
 __all__ = ["ObjectMissing", "WalHeader", "fetch", "push", "system_id_for", "verify_wal_object"]

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from pgherd import __version__
-from pgherd.commands import crds, validate
+from pgherd.commands import crds, sandbox, validate
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     crds.register(sub)
     validate.register(sub)
+    sandbox.register(sub)
     return parser
 
 

@@ -21,7 +21,9 @@ def _assert_clean_failure(result, *fragments):
 
 
 def test_s3_unreachable(agent):
-    result = agent("list", env={"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}", "PGHERD_S3_RETRIES": "2"})
+    result = agent(
+        "list", env={"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}", "PGHERD_S3_RETRIES": "2"}
+    )
     _assert_clean_failure(result, "cannot reach the S3 endpoint", "AWS_ENDPOINT_URL")
 
 
@@ -57,29 +59,51 @@ def test_corruption_is_found_by_verify_and_refused_by_restore(pg_factory, s3_sto
     assert not target.exists(), "a refused restore must not leave a startable directory behind"
 
 
-def test_s3_lost_during_a_snapshot_leaves_no_complete_snapshot(pg_factory, s3_store, s3_server, agent, tmp_path):
+def test_s3_lost_during_a_snapshot_leaves_no_complete_snapshot(
+    pg_factory, s3_store, s3_server, agent, tmp_path
+):
     primary = pg_factory("primary").initdb().start()
     random_blob_table(primary, megabytes=48)
     import os
 
-    env = {**os.environ, **s3_store.env(), "PGHERD_S3_RETRIES": "2", "PGHERD_S3_READ_TIMEOUT": "5",
-           "PGHERD_S3_CONNECT_TIMEOUT": "2"}
+    env = {
+        **os.environ,
+        **s3_store.env(),
+        "PGHERD_S3_RETRIES": "2",
+        "PGHERD_S3_READ_TIMEOUT": "5",
+        "PGHERD_S3_CONNECT_TIMEOUT": "2",
+    }
     from pgherd_backup.restore import agent_executable
 
     proc = subprocess.Popen(
-        [agent_executable(), "snapshot", "--source", primary.dsn, "--part-size", "5", "--compression", "lz4",
-         "--max-rate", "16M"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        [
+            agent_executable(),
+            "snapshot",
+            "--source",
+            primary.dsn,
+            "--part-size",
+            "5",
+            "--object-size",
+            "8",
+            "--compression",
+            "lz4",
+            "--max-rate",
+            "16M",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     deadline = time.monotonic() + 30
     while not s3_store.keys("/snapshots/") and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
-    time.sleep(0.5)
+    assert proc.poll() is None, "the snapshot should still be running"
     with s3_server.outage():
         out, err = proc.communicate(timeout=120)
     assert proc.returncode != 0, out
     assert "cannot reach the S3 endpoint" in err and TRACEBACK not in err
-    assert not [k for k in s3_store.keys() if k.endswith("manifest.json")]
+    assert not [k for k in s3_store.keys("") if k.endswith("manifest.json")]
     assert agent("list", "--json").json() == []
     nothing = agent("restore", "--pgdata", str(tmp_path / "nothing"))
     assert nothing.returncode != 0 and "no complete snapshot" in nothing.stderr

@@ -72,7 +72,7 @@ def test_missing_wal_segment_for_the_target_is_reported(pg_factory, s3_store, ag
     primary.sql("INSERT INTO t VALUES (99)")
     primary.switch_and_wait_archived()
     missing = segments[1]
-    key = next(k for k in s3_store.keys() if k.endswith("/wal/" + missing))
+    key = next(k for k in s3_store.keys("") if k.endswith("/wal/" + missing))
     s3_store.endpoint.client().delete_object(Bucket=s3_store.endpoint.bucket, Key=key)
 
     target = pg_factory("target").pgdata

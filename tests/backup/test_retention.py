@@ -14,10 +14,23 @@ from pgherd_backup.walnames import Segment
 
 def _manifest(snapshot_id: str, stopped: datetime) -> Manifest:
     return Manifest(
-        id=snapshot_id, cluster="c", system_id="1", timeline=1, start_lsn="0/1", stop_lsn="0/2",
-        start_wal="000000010000000000000001", stop_wal="000000010000000000000001",
-        start_time=format_time(stopped), stop_time=format_time(stopped), pg_version="15", pg_major=15,
-        compression="zstd", source="primary", size=1, stored_size=1, objects=(),
+        id=snapshot_id,
+        cluster="c",
+        system_id="1",
+        timeline=1,
+        start_lsn="0/1",
+        stop_lsn="0/2",
+        start_wal="000000010000000000000001",
+        stop_wal="000000010000000000000001",
+        start_time=format_time(stopped),
+        stop_time=format_time(stopped),
+        pg_version="15",
+        pg_major=15,
+        compression="zstd",
+        source="primary",
+        size=1,
+        stored_size=1,
+        objects=(),
     )
 
 

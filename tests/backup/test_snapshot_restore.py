@@ -4,7 +4,6 @@ continued on a new timeline, and the refusals."""
 from __future__ import annotations
 
 import pytest
-
 from backup_helpers import TRACEBACK, fill, set_port
 
 
@@ -47,8 +46,8 @@ def test_round_trip_keeps_every_table_and_continues_the_archive(pg_factory, s3_s
     assert restored.timeline() == 2
     # the restored cluster (same system id) archives its new timeline next to the old one
     restored.switch_and_wait_archived()
-    assert any(k.endswith("/wal/00000002.history") for k in s3_store.keys())
-    assert any("/wal/00000002" in k and not k.endswith(".history") for k in s3_store.keys())
+    assert any(k.endswith("/wal/00000002.history") for k in s3_store.keys(""))
+    assert any("/wal/00000002" in k and not k.endswith(".history") for k in s3_store.keys(""))
 
 
 @pytest.mark.parametrize("codec", ["lz4", "gzip", "none"])
@@ -95,3 +94,18 @@ def test_restore_refuses_a_non_empty_directory(pg_factory, s3_store, agent):
     assert result.returncode != 0
     assert "not an empty directory" in result.stderr and TRACEBACK not in result.stderr
     assert (target / "precious").read_text() == "keep me"
+
+
+def test_snapshot_without_wal_waits_for_the_archive(pg_factory, s3_store, agent):
+    primary = pg_factory("primary", env=s3_store.env()).initdb(archive=True).start()
+    fill(primary, rows=2000)
+    snap = agent("snapshot", "--source", primary.dsn, "--wal-method", "none")
+    assert snap.returncode == 0, snap.stderr
+    assert any(k.endswith("/wal/" + snap.json()["start_wal"]) for k in s3_store.keys("/wal/"))
+    restored = pg_factory("restored", env=s3_store.env())
+    result = agent("restore", "--pgdata", str(restored.pgdata), "--target-immediate")
+    assert result.returncode == 0, result.stderr
+    set_port(restored)
+    restored.start()
+    restored.wait_promoted()
+    assert restored.table_checksums() == primary.table_checksums()

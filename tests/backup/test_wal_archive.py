@@ -57,7 +57,9 @@ def test_archiving_keeps_up_with_pgbench(pg_factory, s3_store, pg_bin):
     primary = pg_factory("primary", env=s3_store.env()).initdb(archive=True).start()
     subprocess.run([pg_bin.pgbench, "-i", "-s", "5", "-q", primary.dsn], check=True, capture_output=True)
     start_lsn = primary.value("SELECT pg_current_wal_lsn()")
-    subprocess.run([pg_bin.pgbench, "-c", "4", "-j", "2", "-T", "8", primary.dsn], check=True, capture_output=True)
+    subprocess.run(
+        [pg_bin.pgbench, "-c", "4", "-j", "2", "-T", "8", primary.dsn], check=True, capture_output=True
+    )
     written = primary.value(f"SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '{start_lsn}')")
     began = time.monotonic()
     primary.switch_and_wait_archived(timeout=60)
@@ -65,7 +67,9 @@ def test_archiving_keeps_up_with_pgbench(pg_factory, s3_store, pg_bin):
     stats = primary.sql("SELECT archived_count, failed_count FROM pg_stat_archiver")[0]
     assert stats[1] == 0
     # the backlog left when pgbench stops must drain in a few seconds
-    assert catch_up < 10, f"archiving lagged: {catch_up:.1f}s to catch up after {written / 2**20:.0f} MiB of WAL"
+    assert catch_up < 10, (
+        f"archiving lagged: {catch_up:.1f}s to catch up after {written / 2**20:.0f} MiB of WAL"
+    )
 
 
 def test_archive_continues_across_a_promotion(pg_factory, s3_store, agent):
@@ -76,7 +80,9 @@ def test_archive_continues_across_a_promotion(pg_factory, s3_store, agent):
     primary.sql("INSERT INTO t VALUES ('timeline 1')")
     assert agent("snapshot", "--source", primary.dsn).returncode == 0
     standby = pg_factory("standby", env=s3_store.env())
-    seed.basebackup_seed(standby.pgdata, primary.dsn, bins=standby.bins, settings=standby.settings(archive=True))
+    seed.basebackup_seed(
+        standby.pgdata, primary.dsn, bins=standby.bins, settings=standby.settings(archive=True)
+    )
     standby.start()
     primary.switch_and_wait_archived()
     lsn = primary.value("SELECT pg_current_wal_lsn()")

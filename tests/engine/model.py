@@ -228,6 +228,14 @@ class ModelCluster:
         if self.rw == node.name:
             self.rw = None
 
+    def _do_Unfence(self, a: A.Unfence) -> None:
+        node = self._node(a.member)
+        if node is None or not node.fenced:
+            return
+        node.fenced = False
+        node.final_known = False
+        node.running = node.restarting_to is None
+
     def _do_Promote(self, a: A.Promote) -> None:
         node = self._node(a.member)
         if node is None or not node.running or node.fenced or node.role is Role.PRIMARY:

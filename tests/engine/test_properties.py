@@ -16,6 +16,7 @@ from pgherd.engine import actions as A
 from pgherd.engine.plan import Decision
 from pgherd.engine.quorum import majority
 from pgherd.engine.view import ClusterView, Role
+
 from .model import ModelCluster, expected_names
 
 NODES = st.integers(min_value=0, max_value=4)
@@ -42,7 +43,9 @@ class ClusterMachine(RuleBasedStateMachine):
             self.model.catch_up_all()
             self.model.tick(1)
 
-    def _spec(self, instances: int, method: PrimaryUpdateMethod, restore_on_loss: bool) -> PostgresClusterSpec:
+    def _spec(
+        self, instances: int, method: PrimaryUpdateMethod, restore_on_loss: bool
+    ) -> PostgresClusterSpec:
         mode = ReplicationMode.QUORUM if self.quorum else ReplicationMode.ASYNC
         return PostgresClusterSpec.model_validate(
             {
@@ -91,35 +94,59 @@ class ClusterMachine(RuleBasedStateMachine):
         restarts = [a for a in decision.actions if isinstance(a, A.RestartMember)]
         assert len(restarts) <= 1, "a rollout restarts one member at a time"
 
-    def _check_action(self, view: ClusterView, before: EngineStatus, decision: Decision, action: A.Action) -> None:
+    def _check_action(
+        self, view: ClusterView, before: EngineStatus, decision: Decision, action: A.Action
+    ) -> None:
         model = self.model
         if isinstance(action, A.Promote):
             recovering = decision.phase in (Phase.RESTORING, Phase.RECOVERING)
             node = model.nodes.get(action.member)
             if recovering or node is None or node.role is Role.PRIMARY or not node.running:
                 return
-            assert not [n for n in model.writable_nodes() if n.name != action.member], "promote beside a primary"
+            assert not [n for n in model.writable_nodes() if n.name != action.member], (
+                "promote beside a primary"
+            )
             voters = before.voters
             reachable = [m for m in view.members if m.name in voters and m.reachable and not m.fenced]
-            assert len(reachable) >= majority(len(voters)), "promotion without a reachable majority"
             me = view.member(action.member)
+            old = view.member(before.current_primary)
+            drained = (  # a switchover's cleanly stopped primary, whose WAL the target has in full
+                old is not None
+                and old.fenced
+                and old.received_lsn is not None
+                and me is not None
+                and (me.received_lsn or 0) >= old.received_lsn
+            )
+            count = len(reachable) + (1 if drained else 0)
+            assert count >= majority(len(voters)), "promotion without a reachable majority"
             assert me is not None and me.received_lsn is not None
             same = [m for m in reachable if m.role is Role.REPLICA and m.timeline == me.timeline]
             best = max((m.received_lsn or 0) for m in same)
             assert me.received_lsn >= best, "promoted member does not have the most WAL"
             if self.quorum:
                 missing = model.acked - set(node.wal)
-                assert not missing, f"promoting {action.member} would lose acknowledged commits {sorted(missing)}"
+                assert not missing, (
+                    f"promoting {action.member} would lose acknowledged commits {sorted(missing)}"
+                )
         if isinstance(action, A.RestartMember):
             node = model.nodes.get(action.member)
-            down = [n.name for n in model.nodes.values() if n.restarting_to is not None and n.name != action.member]
+            down = [
+                n.name
+                for n in model.nodes.values()
+                if n.restarting_to is not None and n.name != action.member
+            ]
             assert not down, f"restarting {action.member} while {down} restart"
             if node is not None and node.writable:
-                assert self.spec.upgrade.primary_update_method is PrimaryUpdateMethod.RESTART, (
+                lone = self.spec.instances == 1  # no one to switch over to
+                assert lone or self.spec.upgrade.primary_update_method is PrimaryUpdateMethod.RESTART, (
                     "the primary restarted in place with primaryUpdateMethod: switchover"
                 )
-                others = [n for n in model.nodes.values() if n.name != node.name and n.revision != action.revision]
-                assert not [n for n in others if n.ordinal < self.spec.instances], "primary restarted before replicas"
+                others = [
+                    n for n in model.nodes.values() if n.name != node.name and n.revision != action.revision
+                ]
+                assert not [n for n in others if n.ordinal < self.spec.instances], (
+                    "primary restarted before replicas"
+                )
         if isinstance(action, A.DeleteMember):
             node = model.nodes.get(action.member)
             assert node is None or not node.writable, "scale-down removes the primary"

@@ -25,7 +25,9 @@ class PgBinaries:
     def path(self, program: str) -> str:
         candidate = self.bindir / program
         if not candidate.exists():
-            raise PostgresError(f"{program} not found in {self.bindir}: install the PostgreSQL server package")
+            raise PostgresError(
+                f"{program} not found in {self.bindir}: install the PostgreSQL server package"
+            )
         return str(candidate)
 
     @property

@@ -17,7 +17,9 @@ from pgherd_backup.postgres.process import give_to_pg
 
 PGHERD_CONF = "postgresql.pgherd.conf"
 _INCLUDE = f"include_if_exists = '{PGHERD_CONF}'"
-_HEADER = "# Written by pgherd: operator-owned settings. Do not edit; user parameters go to postgresql.conf.\n"
+_HEADER = (
+    "# Written by pgherd: operator-owned settings. Do not edit; user parameters go to postgresql.conf.\n"
+)
 
 Setting = str | int | float | bool
 
@@ -155,9 +157,7 @@ def agent_command(executable: str, *args: str) -> str:
     return " ".join([shlex.quote(executable), *(shlex.quote(a) if "%" not in a else a for a in args)])
 
 
-def archive_command(
-    executable: str, store: str | None = None, cluster: str | None = None
-) -> str:
+def archive_command(executable: str, store: str | None = None, cluster: str | None = None) -> str:
     """`archive_command` through wal-push; store and cluster default to $PGHERD_STORE/$PGHERD_CLUSTER."""
     flags = [*(["--store", store] if store else []), *(["--cluster", cluster] if cluster else [])]
     return agent_command(executable, "wal-push", *flags, "%p")

@@ -59,7 +59,9 @@ def start(
         )
 
 
-def run_foreground(pgdata: Path | str, *, bins: PgBinaries | None = None, env: Mapping[str, str] | None = None) -> int:
+def run_foreground(
+    pgdata: Path | str, *, bins: PgBinaries | None = None, env: Mapping[str, str] | None = None
+) -> int:
     """Run the postmaster in the foreground (container entrypoint); returns its exit status."""
     bins = bins or PgBinaries.find()
     proc = pg_popen([bins.postgres, "-D", str(pgdata)], env=env)
@@ -72,7 +74,9 @@ def run_foreground(pgdata: Path | str, *, bins: PgBinaries | None = None, env: M
     return proc.wait()
 
 
-def stop(pgdata: Path | str, *, bins: PgBinaries | None = None, mode: str = "fast", timeout: float = 60) -> None:
+def stop(
+    pgdata: Path | str, *, bins: PgBinaries | None = None, mode: str = "fast", timeout: float = 60
+) -> None:
     """Stop the postmaster (no-op when it is not running)."""
     if not is_running(pgdata):
         return

@@ -80,9 +80,6 @@ def pg_run(
 ) -> subprocess.CompletedProcess[str]:
     """Run a PostgreSQL program as the PostgreSQL account; raise PostgresError on failure."""
     account = pg_account()
-    kwargs: dict[str, object] = {}
-    if account is not None:
-        kwargs = {"user": account.uid, "group": account.gid, "extra_groups": []}
     try:
         result = subprocess.run(
             list(args),
@@ -92,7 +89,9 @@ def pg_run(
             text=True,
             timeout=timeout,
             check=False,
-            **kwargs,  # type: ignore[arg-type]
+            user=account.uid if account else None,
+            group=account.gid if account else None,
+            extra_groups=[] if account else None,
         )
     except subprocess.TimeoutExpired:
         raise PostgresError(f"{what or Path(args[0]).name} did not finish within {timeout:.0f}s") from None

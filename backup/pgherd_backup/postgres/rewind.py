@@ -36,8 +36,21 @@ def aside_path(pgdata: Path) -> Path:
     return candidate
 
 
+def checkpoint_source(primary_dsn: str) -> None:
+    """A freshly promoted primary records its new timeline in pg_control only at its next
+    checkpoint; until then pg_rewind sees one timeline and wrongly says no rewind is required."""
+    import psycopg
+
+    try:
+        with psycopg.connect(primary_dsn, autocommit=True, connect_timeout=10) as conn:
+            conn.execute("CHECKPOINT")
+    except psycopg.Error as exc:
+        log.warning("could not run CHECKPOINT on the primary before pg_rewind: %s", exc)
+
+
 def rewind(pgdata: Path, primary_dsn: str, *, bins: PgBinaries, use_archive: bool) -> str:
     """Run pg_rewind (the target must be stopped); returns "rewind" or "none"; raises on failure."""
+    checkpoint_source(primary_dsn)
     args = [bins.pg_rewind, f"--target-pgdata={pgdata}", f"--source-server={primary_dsn}", "--progress"]
     if use_archive:
         args.append("--restore-target-wal")
@@ -74,8 +87,15 @@ def rejoin_as_standby(
         kept = aside_path(pgdata)
         log.warning("pg_rewind failed (%s): cloning the primary again, old data kept in %s", exc, kept)
         os.rename(pgdata, kept)
-        basebackup_seed(pgdata, primary_dsn, bins=bins, settings=own, primary_conninfo=conninfo, slot=slot,
-                        restore_command=restore)
+        basebackup_seed(
+            pgdata,
+            primary_dsn,
+            bins=bins,
+            settings=own,
+            primary_conninfo=conninfo,
+            slot=slot,
+            restore_command=restore,
+        )
         return RejoinResult("reclone", kept, str(exc))
     write_pgherd_conf(pgdata, own)
     write_standby_config(pgdata, conninfo, slot=slot, restore_command=restore)

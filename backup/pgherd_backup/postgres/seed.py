@@ -30,7 +30,9 @@ def is_empty(pgdata: Path) -> bool:
 
 def _require_empty(pgdata: Path, what: str) -> None:
     if not is_empty(pgdata):
-        raise UsageError(f"cannot {what} into {pgdata}: the directory is not empty (move its content aside first)")
+        raise UsageError(
+            f"cannot {what} into {pgdata}: the directory is not empty (move its content aside first)"
+        )
 
 
 def initdb(

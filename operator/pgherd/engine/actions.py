@@ -70,6 +70,15 @@ class Fence:
 
 
 @dataclass(frozen=True)
+class Unfence:
+    """Start a fenced member again in the role it had (and its rw endpoint when it is the primary):
+    resumes a primary whose switchover was abandoned before anything was promoted."""
+
+    member: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class Promote:
     """pg_promote() on a replica (a no-op when it is already primary)."""
 
@@ -193,6 +202,7 @@ Action = (
     | DeleteMember
     | RestartMember
     | Fence
+    | Unfence
     | Promote
     | SetPrimary
     | SetSynchronousStandbys

@@ -86,11 +86,11 @@ def _route(ctx: Context) -> Outcome:
     after = replace(ctx, status=upkeep.outcome.status)
     if operation is not None and operation.kind is OperationKind.ROLLOUT:
         return _merge(upkeep.outcome, rollout.advance(after, operation))
+    primary = str(status.current_primary)
+    if not ctx.wanted(primary) and after.status.sync_pending is None:
+        return _merge(upkeep.outcome, _switchover(after, None, f"{primary} is removed by scale-down"))
     if not upkeep.settled:
         return upkeep.outcome
-    primary = str(status.current_primary)
-    if not ctx.wanted(primary):
-        return _merge(upkeep.outcome, _switchover(after, None, f"{primary} is removed by scale-down"))
     started = rollout.start(after)
     if started is not None:
         return _merge(upkeep.outcome, started)

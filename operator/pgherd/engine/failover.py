@@ -149,6 +149,12 @@ def promote_step(ctx: Context, operation: Operation, phase: Phase) -> Outcome:
             sync_pending=steady_config(status.voters, operation.target, ctx.quorum_mode),
         )
         return Outcome(Phase.DEGRADED, status, message=f"{operation.target} vanished while being promoted")
+    others = [m for m in ctx.reachable_voters() if m.name != operation.source]
+    drained = 1 if operation.final_lsn is not None else 0  # a switchover's source handed over its WAL
+    if len(others) + drained < ctx.needed():
+        # Decided with a majority; never (re-)issued without one.
+        message = f"waiting for a majority to promote {target.name}: {len(others)} reachable"
+        return Outcome(phase, replace(status, operation=operation), message=message)
     config = steady_config(status.voters, target.name, ctx.quorum_mode)
     status = replace(status, sync=None, sync_pending=config, operation=operation)
     why = f"{operation.kind} from {operation.source}"

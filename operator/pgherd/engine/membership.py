@@ -97,6 +97,9 @@ def maintain(ctx: Context, reclone: frozenset[str] = frozenset()) -> Outcome:
 def upkeep(ctx: Context, reclone: frozenset[str] = frozenset()) -> Upkeep:
     primary = ctx.healthy_primary()
     assert primary is not None, "membership upkeep needs a healthy primary"
+    if primary.timeline is not None and primary.timeline != ctx.status.timeline:
+        # Observed truth (e.g. a promotion that was confirmed only after the operation ended).
+        ctx = replace(ctx, status=replace(ctx.status, timeline=primary.timeline))
     actions: list[Action] = []
     notes: list[str] = []
     for name in ctx.expected_names():

@@ -65,7 +65,7 @@ def _ready(ctx: Context, member: MemberView) -> bool:
 
 
 def advance(ctx: Context, operation: Operation) -> Outcome:
-    if operation.revision != ctx.revision:
+    if operation.revision != ctx.revision and operation.step not in switchover.STEPS:
         # The spec changed again mid-rollout: start over with the new revision's plan.
         fresh = start(replace(ctx, status=replace(ctx.status, operation=None)))
         return fresh or Outcome(Phase.RUNNING, replace(ctx.status, operation=None))
@@ -100,9 +100,9 @@ def advance(ctx: Context, operation: Operation) -> Outcome:
             return Outcome(
                 Phase.UPGRADING, replace(status, operation=operation), message=f"waiting for {name}"
             )
-        problem = None if restarting else _quorum_risk(ctx, member)
-        if problem is not None:
-            return _abort(ctx, operation, problem)
+        gate = None if restarting else _gate(ctx, operation, member)
+        if gate is not None:
+            return gate
         operation = operation.at(f"restart:{name}", ctx.now)
         return Outcome(
             Phase.UPGRADING,
@@ -115,6 +115,9 @@ def advance(ctx: Context, operation: Operation) -> Outcome:
     if old_primary not in operation.plan or old_primary in operation.done:
         return Outcome(Phase.RUNNING, replace(status, operation=None), message="rolling update complete")
     member = ctx.view.member(old_primary)
+    if any(m.name != old_primary for m in outdated(ctx)):
+        # Members were added or came back at the old revision (scaling): plan again, replicas first.
+        return start(replace(ctx, status=replace(status, operation=None))) or Outcome(Phase.UPGRADING, status)
     if old_primary == ctx.status.current_primary:
         assert member is not None
         in_place = ctx.spec.upgrade.primary_update_method is PrimaryUpdateMethod.RESTART
@@ -128,6 +131,10 @@ def advance(ctx: Context, operation: Operation) -> Outcome:
                 return _abort(ctx, operation, f"the primary {old_primary} did not come back in time")
             if member.revision == ctx.revision:
                 return Outcome(Phase.UPGRADING, status, message=f"waiting for the primary {old_primary}")
+            if operation.step != "restart-primary":
+                gate = _gate(ctx, operation, member)
+                if gate is not None:
+                    return gate
             operation = operation.at("restart-primary", ctx.now)
             return Outcome(
                 Phase.UPGRADING,
@@ -164,9 +171,9 @@ def advance(ctx: Context, operation: Operation) -> Outcome:
         if age > STEP_TIMEOUT:
             return _abort(ctx, operation, f"the old primary {old_primary} did not rejoin")
         return Outcome(Phase.UPGRADING, status, message=f"waiting for {old_primary} to rejoin as a replica")
-    problem = None if operation.step == "restart-old-primary" else _quorum_risk(ctx, member)
-    if problem is not None:
-        return _abort(ctx, operation, problem)
+    gate = None if operation.step == "restart-old-primary" else _gate(ctx, operation, member)
+    if gate is not None:
+        return gate
     operation = operation.at("restart-old-primary", ctx.now)
     return Outcome(
         Phase.UPGRADING,
@@ -174,6 +181,26 @@ def advance(ctx: Context, operation: Operation) -> Outcome:
         (RestartMember(old_primary, ctx.revision, reason=operation.reason),),
         message=f"restarting the old primary {old_primary}",
     )
+
+
+def _gate(ctx: Context, operation: Operation, member: MemberView) -> Outcome | None:
+    """Wait (or abort after STEP_TIMEOUT) while another member is down; abort when restarting
+    ``member`` would break the quorum. None: the restart may go ahead."""
+    down = [m.name for m in ctx.view.existing() if m.name != member.name and not m.ready]
+    if down:
+        step = f"before:{member.name}"
+        if operation.step != step:
+            operation = operation.at(step, ctx.now)
+        waited = ctx.now - (operation.step_started_at or ctx.now)
+        if waited > STEP_TIMEOUT:
+            return _abort(
+                ctx, operation, f"{', '.join(down)} did not become ready; {member.name} not restarted"
+            )
+        status = replace(ctx.status, operation=operation)
+        message = f"waiting for {', '.join(down)} to be ready before restarting {member.name}"
+        return Outcome(Phase.UPGRADING, status, message=message)
+    problem = _quorum_risk(ctx, member)
+    return None if problem is None else _abort(ctx, operation, problem)
 
 
 def _quorum_risk(ctx: Context, member: MemberView) -> str | None:

@@ -11,8 +11,8 @@ Steps (``operation.source`` is the primary, ``operation.target`` the member to p
 The target is checked before the first step: a voter, streaming from the primary, ready, on the
 primary's timeline and caught up. A member that just rejoined and does not stream yet is never a
 target (Patroni 3.0.2 lost acknowledged writes that way). If the final LSN cannot be read or the
-target does not reach it in time, the switchover is abandoned with the primary fenced: the regular
-failover path (quorum-confirmed, most WAL first) then elects the new primary, which is always safe.
+target does not reach it in time, the switchover is abandoned before any promotion: the old primary
+is unfenced and resumes. Once Promote may have been issued there is no way back (and no timeout).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 
 from pgherd.api.cluster import Phase
-from pgherd.engine.actions import Fence
+from pgherd.engine.actions import Fence, SetPrimary, Unfence
 from pgherd.engine.context import Context, Outcome, by_most_data
 from pgherd.engine.failover import promote_step
 from pgherd.engine.status import Operation
@@ -49,9 +49,9 @@ def target_problem(ctx: Context, member: MemberView | None) -> str | None:
         return f"it is on timeline {member.timeline}, the primary on {ctx.status.timeline}"
     if not ctx.caught_up(member):
         return f"it is {ctx.lag(member)} bytes behind the primary"
-    others = [m for m in ctx.reachable_voters() if m.name != primary]
-    if len(others) < ctx.needed():
-        return f"only {len(others)} other members are reachable; a majority ({ctx.needed()}) is needed"
+    reachable = len(ctx.reachable_voters())  # the primary included: it hands over all its WAL
+    if reachable < ctx.needed():
+        return f"only {reachable} members are reachable; a majority ({ctx.needed()}) is needed"
     return None
 
 
@@ -111,6 +111,12 @@ def advance(ctx: Context, operation: Operation, phase: Phase = Phase.SWITCHING_O
 
 
 def _abandon(ctx: Context, operation: Operation, phase: Phase, why: str) -> Progress:
-    """Leave the primary fenced: the failover path takes over after its detection period."""
-    status = replace(ctx.status, operation=None, primary_lost_since=ctx.now)
-    return Progress(Outcome(phase, status, message=f"switchover abandoned: {why}"), failed=why)
+    """Nothing was promoted: resume the old primary (if it does not come back, the failover path
+    takes over after its detection period)."""
+    status = replace(ctx.status, operation=None)
+    old = str(operation.source)
+    actions = (
+        Unfence(old, reason=f"switchover abandoned: {why}"),
+        SetPrimary(old, reason="switchover abandoned"),
+    )
+    return Progress(Outcome(phase, status, actions, message=f"switchover abandoned: {why}"), failed=why)

@@ -1,0 +1,280 @@
+"""Failover and switchover benchmark: the pgherd sandbox against Patroni with etcd, in the same run.
+
+    .venv/bin/python bench/failover_bench.py [--runs 5] [--systems pgherd,patroni-default,patroni-tuned]
+                                             [--mode quorum|async] [--detection-seconds 3]
+
+For each system: a 3-member cluster on this machine's PostgreSQL, one write loop (e2e/workload.py, the
+loop the e2e scenarios use) through a libpq multi-host read-write DSN, then
+  * failover time: kill -9 of the primary's whole member (Patroni and PostgreSQL, or the sandbox
+    member) -> the first write acknowledged through the read-write DSN after the kill;
+  * switchover write unavailability: the longest gap between two acknowledged writes around a
+    planned switchover (patronictl switchover --force, pgherd sandbox switchover);
+  * acknowledged writes lost: acknowledged ids missing from the primary at the end.
+It prints min/median/max per system and the ratios to pgherd. Run by hand (root or any user with a
+`postgres` account); it is not a test and asserts nothing about time.
+
+A killed Patroni member is started again once the failover is over (as kubelet restarts a pod): started
+at once, Patroni would find its own leader key and resume as primary, which measures a restart, not a
+failover. The sandbox restarts its members itself; its engine decides their roles.
+
+Quorum mode: pgherd's replication.mode quorum; Patroni 3.0's closest setting, synchronous_mode: true
+(one synchronous standby, so that two of three members have every acknowledged commit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+if __package__ in (None, ""):  # run as a script: make `e2e` and `bench` importable from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._patroni import DEFAULT, TUNED, PatroniCluster, Timing
+from e2e import manifests
+from e2e.driver import healthy
+from e2e.drivers.local import LocalDriver
+from e2e.workload import WriteLoad, present_ids
+
+TABLE = "bench_writes"
+FAILOVER_TIMEOUT = 120.0
+
+
+class System(Protocol):
+    label: str
+
+    def start(self) -> None: ...
+    def rw_dsn(self) -> str: ...
+    def primary(self) -> str | None: ...
+    def kill(self, member: str) -> None: ...
+    def after_failover(self, killed: str) -> None: ...
+    def switchover(self) -> None: ...
+    def wait_healthy(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+class PatroniSystem:
+    def __init__(self, timing: Timing, mode: str) -> None:
+        self.label = timing.label
+        self.cluster = PatroniCluster(timing, synchronous=mode == "quorum")
+
+    def start(self) -> None:
+        self.cluster.start()
+
+    def rw_dsn(self) -> str:
+        return self.cluster.rw_dsn()
+
+    def primary(self) -> str | None:
+        return self.cluster.leader()
+
+    def kill(self, member: str) -> None:
+        self.cluster.kill(member)
+
+    def after_failover(self, killed: str) -> None:
+        self.cluster.restart(killed)
+
+    def switchover(self) -> None:
+        self.cluster.switchover()
+
+    def wait_healthy(self) -> None:
+        self.cluster.wait_healthy()
+
+    def stop(self) -> None:
+        self.cluster.stop()
+
+
+class PgherdSystem:
+    label = "pgherd"
+
+    def __init__(self, mode: str, detection_seconds: int) -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix="pgherd-bench-sandbox-"))
+        self.driver = LocalDriver(self.workdir)
+        self.manifest = manifests.cluster(
+            "bench",
+            postgres_version=self.driver.postgres_version,
+            instances=3,
+            mode=mode,
+            detection_seconds=detection_seconds,
+        )
+
+    def start(self) -> None:
+        self.driver.apply(self.manifest)
+        self.wait_healthy()
+
+    def rw_dsn(self) -> str:
+        return self.driver.rw_dsn()
+
+    def primary(self) -> str | None:
+        return self.driver.status().get("primary")
+
+    def kill(self, member: str) -> None:
+        self.driver.kill(member)
+
+    def after_failover(self, killed: str) -> None:
+        pass  # the sandbox restarts the member by itself, like kubelet
+
+    def switchover(self) -> None:
+        self.driver.switchover()
+
+    def wait_healthy(self) -> None:
+        self.driver.wait_for(healthy(3), 180, "a healthy 3-member cluster")
+
+    def stop(self) -> None:
+        self.driver.down()
+
+
+@dataclass
+class Result:
+    label: str
+    failovers: list[float] = field(default_factory=list)
+    switchovers: list[float] = field(default_factory=list)
+    acked: int = 0
+    lost: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+def _wait(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def measure(system: System, runs: int, log: Callable[[str], None], result: Result) -> None:
+    """Fill `result` as the runs go, so that a failure keeps the figures measured before it."""
+    log(f"[{system.label}] starting a 3-member cluster")
+    system.start()
+    load = WriteLoad(system.rw_dsn, table=TABLE, pause=0.002).start()
+    try:
+        load.wait_for_acks(100)
+        for run in range(1, runs + 1):
+            system.wait_healthy()
+            time.sleep(1.0)
+            old = system.primary()
+            if old is None:
+                raise RuntimeError("no primary before the kill")
+            system.kill(old)
+            # From the moment the kill returned: every process of the member is gone by then, so no write
+            # acknowledged later can come from it.
+            killed_at = time.monotonic()
+            _wait(
+                lambda t=killed_at: load.snapshot().first_ack_after(t) is not None,
+                FAILOVER_TIMEOUT,
+                "a write after the kill",
+            )  # type: ignore[misc]
+            first = load.snapshot().first_ack_after(killed_at)
+            assert first is not None
+            result.failovers.append(first.ended - killed_at)
+            log(
+                f"[{system.label}] failover {run}/{runs}: {old} killed, writes back after {result.failovers[-1]:.2f} s"
+            )
+            system.after_failover(old)
+        for run in range(1, runs + 1):
+            system.wait_healthy()
+            time.sleep(1.0)
+            old = system.primary()
+            requested_at = time.monotonic()
+            system.switchover()
+            _wait(lambda o=old: system.primary() not in (None, o), 60, "a new primary after the switchover")  # type: ignore[misc]
+            switched_at = time.monotonic()
+            _wait(
+                lambda t=switched_at: load.snapshot().first_ack_after(t) is not None,
+                60,
+                "a write after the switchover",
+            )  # type: ignore[misc]
+            time.sleep(0.5)
+            gap = load.snapshot().max_gap(since=requested_at, until=time.monotonic())
+            result.switchovers.append(gap)
+            log(f"[{system.label}] switchover {run}/{runs}: from {old}, longest write gap {gap:.2f} s")
+        system.wait_healthy()
+    finally:
+        report = load.stop()
+    result.acked = len(report.acked)
+    present = present_ids(system.rw_dsn(), TABLE)
+    lost = report.lost(present)
+    result.lost = len(lost)
+    log(f"[{system.label}] {report.summary()}; acknowledged writes lost: {len(lost)} {lost[:10]}")
+
+
+def _stats(values: list[float]) -> str:
+    if not values:
+        return "        -"
+    return f"{min(values):6.2f} / {statistics.median(values):6.2f} / {max(values):6.2f}"
+
+
+def print_table(results: list[Result], mode: str, detection_seconds: int) -> None:
+    print()
+    print(f"replication mode: {mode}; pgherd failover.detectionSeconds: {detection_seconds}")
+    print(
+        f"{'system':<17} {'failover s (min/med/max)':>26} {'switchover gap s (min/med/max)':>32} {'acked':>8} {'lost':>5}"
+    )
+    for r in results:
+        print(f"{r.label:<17} {_stats(r.failovers):>26} {_stats(r.switchovers):>32} {r.acked:>8} {r.lost:>5}")
+        for error in r.errors:
+            print(f"  error: {error}")
+    base = next((r for r in results if r.label == "pgherd" and r.failovers), None)
+    if base is None:
+        return
+    for r in results:
+        if r is base or not r.failovers:
+            continue
+        fo = statistics.median(r.failovers) / statistics.median(base.failovers)
+        line = f"{r.label} / pgherd: failover median x{fo:.1f}"
+        if r.switchovers and base.switchovers:
+            line += f", switchover median x{statistics.median(r.switchovers) / statistics.median(base.switchovers):.1f}"
+        print(line)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--runs", type=int, default=5, help="failovers and switchovers per system (default 5)"
+    )
+    parser.add_argument("--systems", default="pgherd,patroni-default,patroni-tuned")
+    parser.add_argument("--mode", choices=("quorum", "async"), default="quorum")
+    parser.add_argument("--detection-seconds", type=int, default=3, help="pgherd's failover.detectionSeconds")
+    args = parser.parse_args(argv)
+
+    factories: dict[str, Callable[[], System]] = {
+        "pgherd": lambda: PgherdSystem(args.mode, args.detection_seconds),
+        "patroni-default": lambda: PatroniSystem(DEFAULT, args.mode),
+        "patroni-tuned": lambda: PatroniSystem(TUNED, args.mode),
+    }
+    wanted = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = [s for s in wanted if s not in factories]
+    if unknown:
+        parser.error(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(factories)}")
+
+    def log(message: str) -> None:
+        print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
+
+    results: list[Result] = []
+    for label in wanted:
+        system = factories[label]()
+        result = Result(label)
+        results.append(result)
+        try:
+            measure(system, args.runs, log, result)
+        except Exception as exc:  # one system failing must not hide the others' figures
+            log(f"[{label}] failed: {type(exc).__name__}: {exc}")
+            result.errors.append(f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
+        finally:
+            try:
+                system.stop()
+            except Exception as exc:
+                log(f"[{label}] could not stop cleanly: {exc}")
+    print_table(results, args.mode, args.detection_seconds)
+    return 0 if all(not r.errors for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""Data checks the scenarios share: what is on which member, read through the driver's DSNs."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from e2e.driver import ClusterStatus, Driver, DriverError
+from e2e.workload import DEFAULT_TABLE, WriteReport, connect, present_ids
+
+
+def query(dsn: str, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    with connect(dsn) as conn:
+        return conn.execute(statement, params).fetchall()  # type: ignore[arg-type]
+
+
+def scalar(dsn: str, statement: str, params: tuple[Any, ...] = ()) -> Any:
+    rows = query(dsn, statement, params)
+    return rows[0][0] if rows else None
+
+
+def insert_ids(dsn: str, ids: Iterable[int], table: str = DEFAULT_TABLE) -> list[int]:
+    """Insert these ids in one transaction through `dsn` (the read-write DSN); they are acknowledged once
+    this returns."""
+    wanted = list(ids)
+    with connect(dsn, autocommit=False) as conn:
+        with conn.cursor() as cur:
+            cur.executemany(sql.SQL("INSERT INTO {} (id) VALUES (%s)").format(sql.Identifier(table)), [(i,) for i in wanted])
+        conn.commit()
+    return wanted
+
+
+def missing_on(dsn: str, ids: Iterable[int], table: str = DEFAULT_TABLE) -> list[int]:
+    have = present_ids(dsn, table)
+    return [i for i in ids if i not in have]
+
+
+def wait_ids_on_member(
+    driver: Driver, name: str, ids: Iterable[int], *, table: str = DEFAULT_TABLE, timeout: float = 30.0
+) -> None:
+    """Wait until member `name` holds every id (read on the member itself, replica or primary)."""
+    wanted = list(ids)
+    deadline = time.monotonic() + timeout
+    last: str = ""
+    while True:
+        try:
+            missing = missing_on(driver.member_dsn(name), wanted, table)
+            if not missing:
+                return
+            last = f"{len(missing)} of {len(wanted)} ids missing, first {missing[:5]}"
+        except (psycopg.Error, DriverError) as exc:
+            last = f"cannot read it: {exc}"
+        if time.monotonic() > deadline:
+            raise AssertionError(f"member {name} does not hold the expected rows of {table} after {timeout:.0f} s: {last}\n{driver.describe()}")
+        time.sleep(0.5)
+
+
+def assert_no_acknowledged_write_lost(driver: Driver, report: WriteReport) -> set[int]:
+    """Every id the write load saw acknowledged is on the current primary; returns the ids present."""
+    present = present_ids(driver.rw_dsn(), report.table)
+    lost = report.lost(present)
+    assert not lost, (
+        f"{len(lost)} acknowledged write(s) lost on {report.table}: ids {lost[:20]}"
+        f"{' ...' if len(lost) > 20 else ''}; {report.summary()}\n{driver.describe()}"
+    )
+    return present
+
+
+def in_recovery(driver: Driver, name: str) -> bool:
+    return bool(scalar(driver.member_dsn(name), "SELECT pg_is_in_recovery()"))
+
+
+def setting(driver: Driver, name: str, parameter: str) -> str:
+    return str(scalar(driver.member_dsn(name), "SELECT current_setting(%s)", (parameter,)))
+
+
+def postmaster_started(driver: Driver, name: str) -> float:
+    """When the member's PostgreSQL started (epoch seconds): tells whether and in which order members restarted."""
+    return float(scalar(driver.member_dsn(name), "SELECT extract(epoch FROM pg_postmaster_start_time())"))
+
+
+@dataclass
+class Sample:
+    at: float  # time.monotonic()
+    status: ClusterStatus
+
+
+@dataclass
+class StatusRecorder:
+    """Samples the status in a thread while a scenario runs: which phases and primaries were seen, when."""
+
+    driver: Driver
+    interval: float = 0.3
+    samples: list[Sample] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> StatusRecorder:
+        self._thread = threading.Thread(target=self._run, name="status-recorder", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.samples.append(Sample(time.monotonic(), self.driver.status()))
+            except DriverError:
+                pass  # the platform may be restarting; the next sample will tell
+            self._stop.wait(self.interval)
+
+    def phases(self) -> list[str]:
+        seen: list[str] = []
+        for s in self.samples:
+            phase = s.status.get("phase")
+            if phase and (not seen or seen[-1] != phase):
+                seen.append(phase)
+        return seen
+
+    def primary_changes(self) -> list[tuple[float, str | None, str | None]]:
+        """(time of the first sample showing it, old primary, new primary) for each change of primary."""
+        changes: list[tuple[float, str | None, str | None]] = []
+        previous: str | None = None
+        for i, s in enumerate(self.samples):
+            primary = s.status.get("primary")
+            if i and primary != previous:
+                changes.append((s.at, previous, primary))
+            previous = primary
+        return changes

@@ -1,0 +1,91 @@
+"""The e2e suite's fixtures: a driver per cluster, chosen by $PGHERD_E2E_DRIVER (`local`, default, or `kind`).
+
+Each test module states its cluster once (a module-scoped fixture calling `new_cluster`), and its tests
+share it in order; the cluster is brought down when the module ends, even after a failure, and its data
+and logs are kept for a post-mortem when one of the module's tests failed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from e2e.driver import Driver, Manifest, healthy
+from e2e.workload import ensure_table
+
+DRIVER_ENV = "PGHERD_E2E_DRIVER"
+CREATE_TIMEOUT = 300.0
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    e2e_root = Path(__file__).parent
+    for item in items:
+        if e2e_root in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    report: pytest.TestReport = yield
+    if report.failed:
+        item.module.__dict__["_e2e_failed"] = True  # type: ignore[attr-defined]
+    return report  # type: ignore[return-value]
+
+
+def make_driver(workdir: Path, cluster_name: str) -> Driver:
+    kind = os.environ.get(DRIVER_ENV, "local")
+    if kind == "local":
+        from e2e.drivers.local import LocalDriver
+
+        return LocalDriver(workdir)
+    if kind == "kind":
+        from e2e.drivers.kind import KindDriver
+
+        return KindDriver(workdir, cluster_name)
+    raise pytest.UsageError(f"{DRIVER_ENV}={kind!r}: choose local or kind")
+
+
+NewCluster = Callable[[Manifest], Driver]
+
+
+@pytest.fixture(scope="session")
+def pg_version() -> int:
+    """The PostgreSQL major the platform runs: $PGHERD_E2E_PG_VERSION, else what this machine has (local) or
+    16 (kind, the image's default)."""
+    if os.environ.get("PGHERD_E2E_PG_VERSION"):
+        return int(os.environ["PGHERD_E2E_PG_VERSION"])
+    if os.environ.get(DRIVER_ENV, "local") == "local":
+        from e2e.drivers.local import installed_postgres_major
+
+        return installed_postgres_major()
+    return 16
+
+
+@pytest.fixture(scope="module")
+def new_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NewCluster]:
+    """Create a cluster from a manifest, wait until it is healthy, hand back its driver."""
+    drivers: list[Driver] = []
+
+    def create(manifest: Manifest) -> Driver:
+        name = str(manifest["metadata"]["name"])
+        driver = make_driver(tmp_path_factory.mktemp(f"e2e-{name}"), name)
+        drivers.append(driver)
+        driver.apply(manifest)
+        instances = int(manifest["spec"].get("instances", 3))
+        driver.wait_for(healthy(instances), CREATE_TIMEOUT, f"cluster {name} to be Running with {instances} ready members")
+        ensure_table(driver.rw_dsn())
+        return driver
+
+    yield create
+    keep = bool(request.module.__dict__.get("_e2e_failed"))
+    errors = []
+    for driver in drivers:
+        try:
+            driver.down(keep=keep)
+        except Exception as exc:  # every driver must get its chance to go down
+            errors.append(f"{driver.describe()}: {exc}")
+    if errors:
+        pytest.fail("could not bring the e2e cluster(s) down:\n" + "\n".join(errors))

@@ -1,0 +1,199 @@
+"""The driver interface the e2e scenarios are written against, and what every driver shares.
+
+A driver runs one PostgresCluster (and its Backups and Restores) on a platform: `local` runs the
+`pgherd sandbox` on this machine (CI), `kind` runs the operator's Helm chart on a kind cluster. The
+scenarios only see this interface, so that both run the very same tests.
+
+The status a driver returns is the sandbox's `status --json` shape (see `ClusterStatus`); the kind
+driver builds it from the PostgresCluster's `.status` and the Backup and Restore objects.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypedDict, runtime_checkable
+
+Manifest = Mapping[str, Any]
+
+
+class MemberStatus(TypedDict, total=False):
+    name: str
+    role: str  # primary | replica | unknown | fenced
+    ready: bool
+    port: int | None
+    dsn: str | None
+    lagBytes: int | None
+    timeline: int | None
+
+
+class ObjectStatus(TypedDict, total=False):
+    name: str
+    phase: str | None
+    backupId: str | None
+
+
+class ClusterStatus(TypedDict, total=False):
+    phase: str | None
+    primary: str | None
+    members: list[MemberStatus]
+    rwDsn: str | None
+    backups: list[ObjectStatus]
+    restores: list[ObjectStatus]
+    conditions: list[dict[str, Any]]
+    operation: dict[str, Any] | None
+    instances: int | None
+    readyInstances: int | None
+
+
+class ManifestRefused(Exception):
+    """The platform refused a manifest (admission or the sandbox's own check); the message names the field."""
+
+
+class DriverError(Exception):
+    """A platform command failed; the message says which and carries its output."""
+
+
+class WaitTimeout(AssertionError):
+    """A condition was not reached in time; the message carries the last status seen."""
+
+
+@runtime_checkable
+class Driver(Protocol):
+    """One cluster on one platform. Member names are those of StatefulSet pods: `<cluster>-<ordinal>`."""
+
+    name: str  # the driver's name: local, kind
+    postgres_version: int  # the PostgreSQL major the platform runs, for manifests
+
+    def apply(self, manifest: Manifest) -> None:
+        """Create or change a PostgresCluster, or create a Backup or a Restore. The first PostgresCluster
+        applied is this driver's cluster. Raises ManifestRefused when the platform refuses it."""
+        ...
+
+    def status(self) -> ClusterStatus:
+        """The cluster's status now (phase, primary, members, backups, restores, conditions, operation)."""
+        ...
+
+    def wait_for(
+        self, predicate: Callable[[ClusterStatus], bool], timeout: float, what: str
+    ) -> ClusterStatus:
+        """Poll status() until predicate(status) holds and return that status; raise WaitTimeout naming
+        `what` and showing the last status (and the last error reading it) after `timeout` seconds."""
+        ...
+
+    def kill(self, member: str, wipe: bool = False) -> None:
+        """Kill -9 that member (its pod); with wipe, its data (the PVC) goes too. The platform restarts it."""
+        ...
+
+    def switchover(self, to: str | None = None) -> None:
+        """Request a planned switchover, to `to` or to the replica the operator chooses; returns once the
+        request is recorded (wait_for the new primary)."""
+        ...
+
+    def kill_operator(self) -> None:
+        """Kill the operator (the sandbox's supervisor) at once, leaving the cluster running, and keep it down."""
+        ...
+
+    def resume_operator(self) -> None:
+        """Start the operator again; it resumes any recorded operation."""
+        ...
+
+    def rw_dsn(self) -> str:
+        """A libpq DSN that always reaches the current primary (the -rw Service)."""
+        ...
+
+    def member_dsn(self, name: str) -> str:
+        """A libpq DSN to one member only (read-only on replicas)."""
+        ...
+
+    def describe(self) -> str:
+        """Where to look when a scenario fails: logs, directories, kubectl commands."""
+        ...
+
+    def down(self, *, keep: bool = False) -> None:
+        """Stop and delete everything this driver created; safe to call twice and after a failure. With
+        keep, leave the data and logs in place for a post-mortem (the suite does so when a test failed)."""
+        ...
+
+
+class PollingDriver:
+    """What drivers share: wait_for over status(), and helpers on the normalised status."""
+
+    poll_interval = 0.5
+
+    def status(self) -> ClusterStatus:  # pragma: no cover - provided by the concrete driver
+        raise NotImplementedError
+
+    def describe(self) -> str:  # pragma: no cover - provided by the concrete driver
+        raise NotImplementedError
+
+    def wait_for(
+        self, predicate: Callable[[ClusterStatus], bool], timeout: float, what: str
+    ) -> ClusterStatus:
+        deadline = time.monotonic() + timeout
+        last: ClusterStatus | None = None
+        last_error: str | None = None
+        while True:
+            try:
+                last = self.status()
+                last_error = None
+                if predicate(last):
+                    return last
+            except (DriverError, KeyError, TypeError, ValueError) as exc:
+                # The platform may be mid-restart (supervisor killed, pod deleted): keep polling.
+                last_error = f"{type(exc).__name__}: {exc}"
+            if time.monotonic() > deadline:
+                shown = (
+                    json.dumps(last, indent=2, sort_keys=True, default=str) if last is not None else "none"
+                )
+                error = f"\nlast error reading status: {last_error}" if last_error else ""
+                raise WaitTimeout(
+                    f"timed out after {timeout:.0f} s waiting for {what}.{error}\nlast status:\n{shown}\n"
+                    f"{self.describe()}"
+                )
+            time.sleep(self.poll_interval)
+
+
+# -- predicates and accessors on a ClusterStatus, shared by scenarios -------------------------------------
+
+
+def member(status: ClusterStatus, name: str) -> MemberStatus | None:
+    return next((m for m in status.get("members") or [] if m.get("name") == name), None)
+
+
+def replicas(status: ClusterStatus) -> list[str]:
+    return [m["name"] for m in status.get("members") or [] if m.get("role") == "replica"]
+
+
+def condition(status: ClusterStatus, kind: str) -> dict[str, Any] | None:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == kind), None)
+
+
+def is_healthy(status: ClusterStatus, instances: int) -> bool:
+    """Running, no operation in progress, `instances` members all ready, exactly one primary and every
+    other member a ready replica."""
+    members = status.get("members") or []
+    primaries = [m for m in members if m.get("role") == "primary"]
+    return (
+        status.get("phase") == "Running"
+        and not status.get("operation")
+        and len(members) == instances
+        and len(primaries) == 1
+        and status.get("primary") == primaries[0].get("name")
+        and all(m.get("ready") and m.get("role") in ("primary", "replica") for m in members)
+    )
+
+
+def healthy(instances: int) -> Callable[[ClusterStatus], bool]:
+    return lambda status: is_healthy(status, instances)
+
+
+def backup_phase(status: ClusterStatus, name: str) -> str | None:
+    found = next((b for b in status.get("backups") or [] if b.get("name") == name), None)
+    return found.get("phase") if found else None
+
+
+def restore_phase(status: ClusterStatus, name: str) -> str | None:
+    found = next((r for r in status.get("restores") or [] if r.get("name") == name), None)
+    return found.get("phase") if found else None

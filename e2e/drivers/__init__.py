@@ -1,0 +1,1 @@
+"""Platform drivers for the e2e scenarios: `local` (the pgherd sandbox) and `kind` (kubectl and Helm)."""

@@ -1,0 +1,184 @@
+"""`pgherd sandbox ...`: run a PostgresCluster on this machine with the engine of the operator."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from pgherd.api.admission import ManifestRefused
+from pgherd.commands.validate import load_documents
+from pgherd.local.sandbox import DEFAULT_DIR, Sandbox, SandboxError
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser("sandbox", help="a PostgresCluster on this machine, without Kubernetes")
+    commands = parser.add_subparsers(dest="sandbox_command", required=True, metavar="COMMAND")
+
+    def add(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = commands.add_parser(name, help=help_text)
+        p.add_argument(
+            "--dir", type=Path, default=DEFAULT_DIR, help="the sandbox's directory (default .sandbox)"
+        )
+        return p
+
+    p = add("up", "start the members, the S3 server and the supervisor; wait until Running")
+    p.add_argument("-f", "--filename", type=Path, required=True, help="a PostgresCluster manifest")
+    p.add_argument("--timeout", type=float, default=300)
+    p.add_argument(
+        "--restart-delay",
+        type=float,
+        default=10.0,
+        help="seconds before a dead member is restarted (kubelet-like)",
+    )
+    p.set_defaults(func=_up)
+    p = add("status", "phase, conditions, primary, members, and the read-write DSN")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_status)
+    p = add("apply", "apply a changed PostgresCluster, a Backup or a Restore")
+    p.add_argument("-f", "--filename", type=Path, required=True)
+    p.set_defaults(func=_apply)
+    p = add("kill", "kill -9 a member's PostgreSQL (the platform restarts it after a delay)")
+    p.add_argument("member")
+    p.add_argument("--wipe", action="store_true", help="also delete its data directory, as a lost volume")
+    p.set_defaults(func=_kill)
+    p = add("switchover", "a planned switchover, to the best candidate or to --to MEMBER")
+    p.add_argument("--to", default=None)
+    p.add_argument("--timeout", type=float, default=90)
+    p.set_defaults(func=_switchover)
+    p = add("down", "stop everything and delete the sandbox directory")
+    p.add_argument("--keep-data", action="store_true")
+    p.set_defaults(func=_down)
+    p = add("kill-supervisor", "kill -9 the supervisor (the operator), as a crash")
+    p.set_defaults(func=_kill_supervisor)
+    p = add("resume", "start a new supervisor for an existing sandbox (it resumes any operation)")
+    p.set_defaults(func=_resume)
+    p = add("demo", "the guided tour: failover, backup, majority loss and recovery")
+    p.set_defaults(func=_demo)
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 1
+
+
+def _up(args: argparse.Namespace) -> int:
+    try:
+        documents = load_documents(args.filename)
+        if len(documents) != 1:
+            return _fail(f"{args.filename}: expected one PostgresCluster, found {len(documents)} documents")
+        status = Sandbox(args.dir).up(documents[0], timeout=args.timeout, restart_delay=args.restart_delay)
+    except (ManifestRefused, SandboxError, ValueError, OSError) as exc:
+        return _fail(str(exc))
+    print(f"PostgresCluster {status['cluster']} is {status['phase']}: primary {status['primary']}")
+    _print_members(status)
+    print("\nConnect (always reaches the current primary):")
+    print(f'  psql "{status["rwDsn"]}"')
+    print(f"\nMore: pgherd sandbox status --dir {args.dir}")
+    return 0
+
+
+def _print_members(status: dict[str, Any]) -> None:
+    print(f"  {'MEMBER':<16} {'ROLE':<8} {'READY':<6} {'PORT':<6} {'TL':<4} LAG")
+    for m in status["members"]:
+        lag = "" if m.get("lagBytes") is None else f"{m['lagBytes']}B"
+        print(
+            f"  {m['name']:<16} {m['role']:<8} {m['ready']!s:<6} {m['port']:<6} {m.get('timeline') or '':<4} {lag}"
+        )
+
+
+def _status(args: argparse.Namespace) -> int:
+    try:
+        status = Sandbox(args.dir).status()
+    except SandboxError as exc:
+        return _fail(str(exc))
+    if args.json:
+        print(json.dumps(status, indent=2, sort_keys=True))
+        return 0
+    print(f"Cluster {status['cluster']}: {status['phase']}  {status['message']}")
+    print(f"Primary: {status['primary']}   ready {status['readyInstances']}/{status['instances']}")
+    _print_members(status)
+    print("Conditions:")
+    for c in status["conditions"]:
+        print(f"  {c['type']:<22} {c['status']:<8} {c['reason']}: {c['message']}")
+    if status["backups"]:
+        print("Backups:")
+        for b in status["backups"]:
+            print(f"  {b['name']:<30} {b['phase']:<10} {b.get('backupId') or ''} {b.get('size') or ''}")
+    if status["restores"]:
+        print("Restores:")
+        for r in status["restores"]:
+            print(f"  {r['name']:<30} {r['phase']:<10} {r.get('error') or ''}")
+    if not status["supervisorRunning"]:
+        print(f"warning: the supervisor is not running (pgherd sandbox resume --dir {args.dir})")
+    print(f"rw DSN: {status['rwDsn']}")
+    return 0
+
+
+def _apply(args: argparse.Namespace) -> int:
+    sandbox = Sandbox(args.dir)
+    try:
+        documents = load_documents(args.filename)
+    except (OSError, ValueError) as exc:
+        return _fail(str(exc))
+    failed = 0
+    for doc in documents:
+        try:
+            print(sandbox.apply(doc))
+        except (ManifestRefused, SandboxError, ValueError, FileNotFoundError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            failed += 1
+    return 1 if failed else 0
+
+
+def _kill(args: argparse.Namespace) -> int:
+    try:
+        Sandbox(args.dir).kill(args.member, wipe=args.wipe)
+    except SandboxError as exc:
+        return _fail(str(exc))
+    print(f"killed {args.member}{' and wiped its data' if args.wipe else ''}")
+    return 0
+
+
+def _switchover(args: argparse.Namespace) -> int:
+    try:
+        status = Sandbox(args.dir).switchover(args.to, timeout=args.timeout)
+    except SandboxError as exc:
+        return _fail(str(exc))
+    print(f"primary is now {status['primary']}")
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    try:
+        Sandbox(args.dir).down(keep_data=args.keep_data)
+    except SandboxError as exc:
+        return _fail(str(exc))
+    print("sandbox stopped" + (f"; data kept in {args.dir}" if args.keep_data else " and removed"))
+    return 0
+
+
+def _kill_supervisor(args: argparse.Namespace) -> int:
+    try:
+        Sandbox(args.dir).kill_supervisor()
+    except SandboxError as exc:
+        return _fail(str(exc))
+    print("supervisor killed")
+    return 0
+
+
+def _resume(args: argparse.Namespace) -> int:
+    try:
+        pid = Sandbox(args.dir).resume()
+    except SandboxError as exc:
+        return _fail(str(exc))
+    print(f"supervisor started (pid {pid})")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from pgherd.local.demo import run_demo
+
+    return run_demo(args.dir)

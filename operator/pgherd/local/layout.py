@@ -1,0 +1,100 @@
+"""Where a sandbox keeps things: one directory holds its objects, status, members, jobs and S3 data."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SandboxPaths:
+    root: Path
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "sandbox.json"
+
+    @property
+    def status_file(self) -> Path:
+        return self.root / "status.json"
+
+    @property
+    def objects(self) -> Path:
+        return self.root / "objects"
+
+    @property
+    def cluster_object(self) -> Path:
+        return self.objects / "cluster.json"
+
+    @property
+    def backups(self) -> Path:
+        return self.objects / "backups"
+
+    @property
+    def restores(self) -> Path:
+        return self.objects / "restores"
+
+    @property
+    def switchover_request(self) -> Path:
+        return self.objects / "switchover.json"
+
+    @property
+    def members(self) -> Path:
+        return self.root / "members"
+
+    def member_dir(self, name: str) -> Path:
+        return self.members / name
+
+    def member_data(self, name: str) -> Path:
+        return self.members / name / "data"
+
+    def member_state(self, name: str) -> Path:
+        return self.members / name / "member.json"
+
+    def member_log(self, name: str) -> Path:
+        return self.members / name / "postgres.log"
+
+    @property
+    def jobs(self) -> Path:
+        return self.root / "jobs"
+
+    @property
+    def s3_root(self) -> Path:
+        return self.root / "s3"
+
+    @property
+    def supervisor_log(self) -> Path:
+        return self.root / "supervisor.log"
+
+    @property
+    def events_log(self) -> Path:
+        return self.root / "events.log"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.root / "supervisor.pid"
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write atomically (temp file + rename): readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=2, sort_keys=True, default=str)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path, default: Any = None) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return default

@@ -1,0 +1,811 @@
+"""The local platform: members as PostgreSQL processes on 127.0.0.1, one port each.
+
+It plays the part Kubernetes plays for the kube adapter: it keeps members running (a member whose
+PostgreSQL dies is started again after ``restart_delay``, as the kubelet restarts a container), runs
+its instance entrypoint (seed an empty data directory from the primary, bring an old primary back as a
+standby), and carries out the engine's actions. It never decides a role: a member never starts as a
+primary unless the engine's recorded primary is that member, and only Promote promotes.
+
+Slow steps (seeding, rewinding, restarting) run in one worker thread per member so that observation
+and failover never wait for them; an action for a busy member is skipped and the engine re-issues it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from pgherd.api.cluster import PostgresClusterSpec
+from pgherd.engine import actions as act
+from pgherd.engine.lsn import parse_lsn
+from pgherd.engine.view import (
+    BackupView,
+    ClusterView,
+    JobKind,
+    JobState,
+    JobView,
+    MemberView,
+    RestoreView,
+    Role,
+    member_name,
+)
+from pgherd.local.jobs import LocalJobs, agent_executable
+from pgherd.local.layout import SandboxPaths
+from pgherd.local.objects import ObjectStore, now_iso
+from pgherd.local.observe import Observation, observe
+from pgherd.local.state import MemberState, SandboxState
+from pgherd_backup.postgres import postmaster
+from pgherd_backup.postgres.binaries import PgBinaries
+from pgherd_backup.postgres.config import (
+    Setting,
+    archive_command,
+    member_settings,
+    restore_command,
+    update_pgherd_conf,
+    write_standby_config,
+)
+from pgherd_backup.postgres.control import read_controldata
+from pgherd_backup.postgres.process import give_to_pg, grant_traverse, make_pg_dir
+from pgherd_backup.postgres.rewind import rejoin_as_standby
+from pgherd_backup.postgres.seed import basebackup_seed, initdb, is_empty
+
+log = logging.getLogger("pgherd.sandbox")
+
+# How long a running replica may take to follow a new primary on its own before a Rejoin rewinds it.
+REJOIN_GRACE = 6.0
+
+# Settings that make a local member fail over and catch up quickly.
+_FAST_SETTINGS: dict[str, Setting] = {
+    "wal_retrieve_retry_interval": "500ms",
+    "wal_receiver_status_interval": "1s",
+    "wal_receiver_timeout": "10s",
+    "wal_sender_timeout": "10s",
+    "archive_timeout": "60s",
+    "checkpoint_timeout": "5min",
+    "max_wal_size": "256MB",
+    "shared_buffers": "32MB",
+    "max_connections": "60",
+    "fsync": "on",
+    "log_line_prefix": "%m [%p] %q%a ",
+}
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+class LocalPlatform:
+    def __init__(self, paths: SandboxPaths, state: SandboxState, objects: ObjectStore) -> None:
+        self.paths = paths
+        self.state = state
+        self.objects = objects
+        self.bins = PgBinaries.find(state.pg_bindir)
+        self.agent = agent_executable()
+        grant_traverse(self.agent, paths.root)
+        self.jobs = LocalJobs(paths)
+        self.members: dict[str, MemberState] = {}
+        self.current_primary: str | None = None
+        self._workers: dict[str, threading.Thread] = {}
+        self._rejoin_asked: dict[str, float] = {}
+        self._observed: dict[str, Observation] = {}
+        self._lock = threading.Lock()
+        self._load_members()
+
+    # --- names, DSNs, environment -------------------------------------------------------------------
+    def _load_members(self) -> None:
+        if not self.paths.members.is_dir():
+            return
+        for folder in sorted(self.paths.members.iterdir()):
+            member = MemberState.load(self.paths, folder.name)
+            if member is not None and member.wanted:
+                self.members[member.name] = member
+
+    def _dsn(self, ports: list[int], *, user: str, password: str, dbname: str, **extra: str) -> str:
+        parts = {
+            "host": ",".join("127.0.0.1" for _ in ports),
+            "port": ",".join(str(p) for p in ports),
+            "user": user,
+            "password": password,
+            "dbname": dbname,
+            "connect_timeout": "2",
+            **extra,
+        }
+        return " ".join(f"{key}={_quote(value)}" for key, value in parts.items())
+
+    def superuser_dsn(self, name: str, dbname: str = "postgres") -> str:
+        return self._dsn(
+            [self.members[name].port], user="postgres", password=self.state.superuser_password, dbname=dbname
+        )
+
+    def app_dsn(self, name: str) -> str:
+        port = self.members[name].port if name in self.members else self._port(name)
+        return self._dsn(
+            [port], user=self.state.app_user, password=self.state.app_password, dbname=self.state.app_database
+        )
+
+    def _all_ports(self) -> list[int]:
+        # Every ordinal the cluster may use: a replica's conninfo then never needs rewriting on scale-up.
+        return [self.state.port_of(i) for i in range(16)]
+
+    def rw_dsn(self) -> str:
+        ports = sorted(m.port for m in self.members.values()) or [self.state.base_port]
+        return self._dsn(
+            ports,
+            user=self.state.app_user,
+            password=self.state.app_password,
+            dbname=self.state.app_database,
+            target_session_attrs="read-write",
+        )
+
+    def replica_conninfo(self, name: str) -> str:
+        """primary_conninfo of a replica: every member's port, read-write only, so that it follows the
+        member the engine promoted, as a replica on Kubernetes follows the -rw Service."""
+        ports = [self.members[n].port for n in sorted(self.members) if n != name]
+        return self._dsn(
+            ports or self._all_ports(),
+            user="postgres",
+            password=self.state.superuser_password,
+            dbname="postgres",
+            target_session_attrs="read-write",
+            application_name=name,
+        )
+
+    def _port(self, name: str) -> int:
+        return self.state.port_of(int(name.rsplit("-", 1)[1]))
+
+    def store_env(self) -> dict[str, str]:
+        return {
+            **self.state.s3.env(),
+            "PGHERD_STORE": self.state.store_url,
+            "PGHERD_CLUSTER": self.state.cluster,
+        }
+
+    def pg_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.store_env())
+        env["PATH"] = f"{Path(self.agent).parent}:{env.get('PATH', '/usr/bin:/bin')}"
+        return env
+
+    def settings(self, name: str, spec: PostgresClusterSpec) -> dict[str, Setting]:
+        archiving = spec.backup is not None and spec.backup.archiving_enabled
+        extra: dict[str, Setting] = {**_FAST_SETTINGS, **(spec.parameters or {})}
+        extra["cluster_name"] = name
+        return member_settings(
+            self._port(name),
+            socket_dir="",
+            archive_command=archive_command(self.agent) if archiving else None,
+            wal_keep_size="256MB",
+            extra=extra,
+        )
+
+    def restore_command(self) -> str:
+        return restore_command(self.agent)
+
+    # --- the kubelet's part -----------------------------------------------------------------------
+    def busy(self, name: str) -> bool:
+        worker = self._workers.get(name)
+        return worker is not None and worker.is_alive()
+
+    def _spawn(self, name: str, what: str, work: Callable[[], None]) -> bool:
+        """Run slow work for one member in its worker; False when the member is busy already."""
+        with self._lock:
+            if self.busy(name):
+                return False
+
+            def run() -> None:
+                try:
+                    work()
+                except Exception as exc:
+                    log.error("%s on %s failed: %s", what, name, exc)
+                    member = self.members.get(name)
+                    if member is not None:
+                        member.notes = [*member.notes[-4:], f"{now_iso()} {what} failed: {exc}"]
+                        member.restart_at = time.time() + self.state.restart_delay
+                        member.save(self.paths)
+
+            thread = threading.Thread(target=run, name=f"{what}-{name}", daemon=True)
+            self._workers[name] = thread
+            thread.start()
+            log.info("%s %s", what, name)
+            return True
+
+    def running(self, name: str) -> bool:
+        return postmaster.is_running(self.paths.member_data(name))
+
+    def keep_running(self, spec: PostgresClusterSpec) -> None:
+        """Restart dead members after the restart delay, through the instance entrypoint."""
+        now = time.time()
+        for name, member in list(self.members.items()):
+            if not member.wanted or member.fenced or self.busy(name) or self.running(name):
+                if self.running(name) and member.restart_at is not None:
+                    member.restart_at = None
+                    member.save(self.paths)
+                continue
+            if member.restart_at is None:
+                member.restart_at = now + self.state.restart_delay
+                member.save(self.paths)
+                log.info("%s is down: restarting it in %.0fs", name, self.state.restart_delay)
+                continue
+            if now >= member.restart_at:
+                self._spawn(name, "restart", lambda n=name: self._entrypoint(n, spec))  # type: ignore[misc]
+
+    def _entrypoint(self, name: str, spec: PostgresClusterSpec) -> None:
+        """What the instance entrypoint does when a pod starts: never makes a primary on its own."""
+        member = self.members[name]
+        pgdata = self.paths.member_data(name)
+        primary = self.current_primary
+        if not pgdata.exists() or is_empty(pgdata):
+            if primary is None or primary == name or not self._reachable(primary):
+                member.restart_at = time.time() + self.state.restart_delay
+                member.save(self.paths)
+                log.info("%s has no data and no primary to clone: waiting", name)
+                return
+            self._clone(name, primary, spec)
+        else:
+            standby = (pgdata / "standby.signal").exists() or (pgdata / "recovery.signal").exists()
+            if not standby and primary != name:
+                # An old primary: it comes back as a replica, rewound, or not at all.
+                if primary is None or not self._reachable(primary):
+                    member.restart_at = time.time() + self.state.restart_delay
+                    member.save(self.paths)
+                    log.info("%s was a primary and %s is not reachable: waiting", name, primary)
+                    return
+                self._rejoin(name, primary, reclone=False, spec=spec)
+                return
+        self._start(name)
+
+    def _reachable(self, name: str) -> bool:
+        return name in self.members and observe(self.superuser_dsn(name)).reachable
+
+    def _start(self, name: str) -> None:
+        member = self.members[name]
+        pgdata = self.paths.member_data(name)
+        postmaster.start(
+            pgdata, bins=self.bins, log_file=self.paths.member_log(name), env=self.pg_env(), timeout=120
+        )
+        member.restart_at = None
+        member.restarts += 1
+        member.save(self.paths)
+
+    def _stop(self, name: str, *, fast_timeout: float = 15) -> None:
+        pgdata = self.paths.member_data(name)
+        if not postmaster.is_running(pgdata):
+            return
+        try:
+            postmaster.stop(pgdata, bins=self.bins, mode="fast", timeout=fast_timeout)
+        except Exception:
+            postmaster.kill(pgdata)
+
+    def _clone(self, name: str, source: str, spec: PostgresClusterSpec) -> None:
+        pgdata = self.paths.member_data(name)
+        basebackup_seed(
+            pgdata,
+            self.superuser_dsn(source),
+            bins=self.bins,
+            settings=self.settings(name, spec),
+            primary_conninfo=self.replica_conninfo(name),
+            restore_command=self.restore_command(),
+        )
+
+    def _rejoin(self, name: str, upstream: str, *, reclone: bool, spec: PostgresClusterSpec) -> None:
+        member = self.members[name]
+        pgdata = self.paths.member_data(name)
+        self._stop(name)
+        if not pgdata.exists() or is_empty(pgdata):
+            self._clone(name, upstream, spec)
+        elif reclone:
+            kept = self._keep_aside(name)
+            log.info("%s: re-cloning from %s, old data kept in %s", name, upstream, kept)
+            self._clone(name, upstream, spec)
+        else:
+            result = rejoin_as_standby(
+                pgdata,
+                self.superuser_dsn(upstream),
+                bins=self.bins,
+                primary_conninfo=self.replica_conninfo(name),
+                restore_command=self.restore_command(),
+            )
+            log.info(
+                "%s rejoined %s by %s", name, upstream, result.method if hasattr(result, "method") else result
+            )
+        update_pgherd_conf(pgdata, dict(self.settings(name, spec)))
+        write_standby_config(pgdata, self.replica_conninfo(name), restore_command=self.restore_command())
+        member.fenced = False
+        member.wanted = True
+        member.save(self.paths)
+        self._start(name)
+
+    def _keep_aside(self, name: str) -> Path:
+        pgdata = self.paths.member_data(name)
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+        kept = pgdata.with_name(f"data.aside-{stamp}")
+        os.rename(pgdata, kept)
+        return kept
+
+    # --- observation --------------------------------------------------------------------------------
+    def observe_members(self) -> tuple[list[MemberView], dict[str, Observation]]:
+        by_port = {m.port: m.name for m in self.members.values()}
+        views: list[MemberView] = []
+        seen: dict[str, Observation] = {}
+        for name, member in sorted(self.members.items(), key=lambda item: item[1].ordinal):
+            pgdata = self.paths.member_data(name)
+            busy = self.busy(name)
+            running = self.running(name)
+            obs = observe(self.superuser_dsn(name)) if running and not busy else Observation(False)
+            seen[name] = obs
+            if obs.receiver_streaming:
+                self._rejoin_asked.pop(name, None)
+            role = Role.UNKNOWN
+            if obs.reachable:
+                role = Role.REPLICA if obs.in_recovery else Role.PRIMARY
+            received = obs.received_lsn
+            if member.fenced and not running and (pgdata / "global" / "pg_control").exists():
+                with contextlib.suppress(Exception):
+                    received = parse_lsn(read_controldata(pgdata, self.bins).checkpoint_lsn)
+            views.append(
+                MemberView(
+                    name=name,
+                    ordinal=member.ordinal,
+                    exists=True,
+                    reachable=obs.reachable,
+                    role=role,
+                    timeline=obs.timeline,
+                    received_lsn=received,
+                    replayed_lsn=obs.replayed_lsn,
+                    wal_receiver_streaming=obs.receiver_streaming,
+                    upstream=by_port.get(obs.sender_port) if obs.sender_port else None,
+                    ready=obs.reachable,
+                    revision=member.revision,
+                    data_present=(pgdata / "PG_VERSION").exists(),
+                    fenced=member.fenced,
+                    sync=obs.sync,
+                )
+            )
+        self._observed = seen
+        return views, seen
+
+    def view(
+        self, spec: PostgresClusterSpec, switchover_to: str | None
+    ) -> tuple[ClusterView, dict[str, Observation]]:
+        members, seen = self.observe_members()
+        cluster = self.objects.cluster()
+        primary_obs = next((seen[m.name] for m in members if m.role is Role.PRIMARY), None)
+        view = ClusterView(
+            cluster=self.state.cluster,
+            now=datetime.now(UTC),
+            members=tuple(members),
+            backups=tuple(self._backup_views()),
+            restores=tuple(self._restore_views()),
+            jobs=tuple(self._job_views(seen)),
+            archiving_healthy=primary_obs.archiving_healthy if primary_obs else None,
+            generation=int(cluster["metadata"].get("generation", 1)),
+            switchover_to=switchover_to,
+        )
+        return view, seen
+
+    def _backup_views(self) -> list[BackupView]:
+        views = []
+        for item in self.objects.backups():
+            status = item.get("status") or {}
+            views.append(
+                BackupView(
+                    name=item["metadata"]["name"],
+                    phase=status.get("phase", "Pending"),
+                    target=item["spec"].get("target", "preferStandby"),
+                    created_at=_parse_time(item["metadata"].get("creationTimestamp")),
+                    completed_at=_parse_time(status.get("completedAt")),
+                    backup_id=status.get("backupId"),
+                    source_member=status.get("sourceMember"),
+                )
+            )
+        return views
+
+    def _restore_views(self) -> list[RestoreView]:
+        views = []
+        for item in self.objects.restores():
+            spec = item["spec"]
+            target = spec.get("target") or {}
+            views.append(
+                RestoreView(
+                    name=item["metadata"]["name"],
+                    backup=spec.get("backup"),
+                    snapshot_id=spec.get("snapshotId"),
+                    target_time=target.get("time"),
+                    target_lsn=target.get("lsn"),
+                    target_immediate=bool(target.get("immediate", False)),
+                    phase=(item.get("status") or {}).get("phase", "Pending"),
+                    created_at=_parse_time(item["metadata"].get("creationTimestamp")),
+                )
+            )
+        return views
+
+    def _job_views(self, seen: dict[str, Observation]) -> list[JobView]:
+        views = []
+        for job in self.jobs.all():
+            if job.kind is JobKind.SNAPSHOT:
+                views.append(self.jobs.view(job))
+                continue
+            member = job.meta.get("member")
+            started = bool(job.meta.get("started"))
+            obs = seen.get(member) if member else None
+            promoted = started and obs is not None and obs.reachable and not obs.in_recovery
+            stage = "replaying" if started else "restoring"
+            view = self.jobs.view(job, stage=stage, done=promoted)
+            if started and view.state is JobState.RUNNING and obs is not None and obs.reachable:
+                view = JobView(
+                    view.kind,
+                    view.name,
+                    view.state,
+                    view.member,
+                    stage,
+                    view.message,
+                    view.backup_id,
+                    obs.timeline,
+                )
+            views.append(view)
+        return views
+
+    # --- the engine's actions -----------------------------------------------------------------------
+    def apply(self, action: act.Action, spec: PostgresClusterSpec) -> None:
+        handler = getattr(self, f"_do_{type(action).__name__}")
+        handler(action, spec)
+
+    def _do_CreateMember(self, action: act.CreateMember, spec: PostgresClusterSpec) -> None:
+        name = action.member
+        if name in self.members and (self.busy(name) or self.running(name)):
+            return
+        member = self.members.get(name) or MemberState(
+            name, action.ordinal, self.state.port_of(action.ordinal)
+        )
+        member.wanted, member.fenced, member.revision = True, False, action.revision
+        self.members[name] = member
+        self.paths.member_dir(name).mkdir(parents=True, exist_ok=True)
+        member.save(self.paths)
+
+        def create() -> None:
+            pgdata = self.paths.member_data(name)
+            if not pgdata.exists() or is_empty(pgdata):
+                if action.seed is act.Seed.INITDB:
+                    self._initdb(name, spec)
+                elif action.seed is act.Seed.BASEBACKUP:
+                    self._clone(name, action.source or action.upstream or "", spec)
+                else:
+                    self._seed_from_snapshot(name, action, spec)
+            self._start(name)
+            if action.seed is act.Seed.INITDB:
+                self._create_owner(name, spec)
+
+        self._spawn(name, "create", create)
+
+    def _initdb(self, name: str, spec: PostgresClusterSpec) -> None:
+        pgdata = self.paths.member_data(name)
+        make_pg_dir(pgdata.parent, mode=0o755)
+        initdb(
+            pgdata,
+            bins=self.bins,
+            settings=self.settings(name, spec),
+            password=self.state.superuser_password,
+            auth_local="trust",
+            auth_host="scram-sha-256",
+            hba_lines=["host replication all 127.0.0.1/32 scram-sha-256"],
+        )
+
+    def _create_owner(self, name: str, spec: PostgresClusterSpec) -> None:
+        user, database = self.state.app_user, self.state.app_database
+        with psycopg.connect(self.superuser_dsn(name), autocommit=True) as conn:
+            exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (user,)).fetchone()
+            if not exists:
+                conn.execute(
+                    psycopg.sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                        psycopg.sql.Identifier(user), psycopg.sql.Literal(self.state.app_password)
+                    )
+                )
+            if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone():
+                conn.execute(
+                    psycopg.sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                        psycopg.sql.Identifier(database), psycopg.sql.Identifier(user)
+                    )
+                )
+
+    def _snapshot_id(self, backup: str | None, snapshot_id: str | None) -> str:
+        if snapshot_id:
+            return snapshot_id
+        if backup in (None, "latest"):
+            return "latest"
+        found = self.objects.backup(backup)
+        backup_id = ((found or {}).get("status") or {}).get("backupId")
+        if not backup_id:
+            raise ValueError(f"Backup {backup!r} has no completed snapshot to restore")
+        return str(backup_id)
+
+    def _restore_command(self, pgdata: Path, snapshot: str, target: str | None) -> list[str]:
+        command = [
+            self.agent,
+            "restore",
+            "--store",
+            self.state.store_url,
+            "--cluster",
+            self.state.cluster,
+            "--snapshot",
+            snapshot,
+            "--pgdata",
+            str(pgdata),
+        ]
+        if target:
+            kind, _, value = target.partition(":")
+            if kind == "time":
+                command += ["--target-time", value]
+            elif kind == "lsn":
+                command += ["--target-lsn", value]
+            elif kind == "immediate":
+                command.append("--target-immediate")
+        return command
+
+    def _seed_from_snapshot(self, name: str, action: act.CreateMember, spec: PostgresClusterSpec) -> None:
+        import subprocess
+
+        pgdata = self.paths.member_data(name)
+        snapshot = self._snapshot_id(action.source, None)
+        result = subprocess.run(
+            self._restore_command(pgdata, snapshot, action.target),
+            env=self.pg_env(),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise RuntimeError((result.stderr.strip().splitlines() or ["restore failed"])[-1])
+        update_pgherd_conf(pgdata, dict(self.settings(name, spec)))
+        if action.upstream:
+            write_standby_config(pgdata, self.replica_conninfo(name), restore_command=self.restore_command())
+        give_to_pg(pgdata, recursive=True)
+
+    def _do_DeleteMember(self, action: act.DeleteMember, spec: PostgresClusterSpec) -> None:
+        member = self.members.get(action.member)
+        if member is None or self.busy(action.member):
+            return
+        self._stop(action.member)
+        member.wanted = False
+        member.save(self.paths)
+        del self.members[action.member]
+        if not action.keep_data:
+            shutil.rmtree(self.paths.member_dir(action.member), ignore_errors=True)
+
+    def _do_RestartMember(self, action: act.RestartMember, spec: PostgresClusterSpec) -> None:
+        name = action.member
+        if name not in self.members:
+            return
+
+        def restart() -> None:
+            self._stop(name)
+            update_pgherd_conf(self.paths.member_data(name), dict(self.settings(name, spec)))
+            self.members[name].revision = action.revision
+            self.members[name].save(self.paths)
+            self._start(name)
+
+        self._spawn(name, "rolling restart of", restart)
+
+    def _do_Fence(self, action: act.Fence, spec: PostgresClusterSpec) -> None:
+        member = self.members.get(action.member)
+        if member is None:
+            return
+        if not member.fenced:
+            member.fenced = True
+            member.save(self.paths)
+            log.info("fencing %s (%s)", action.member, action.reason)
+        if self.running(action.member) and not self.busy(action.member):
+            self._stop(action.member, fast_timeout=5)
+
+    def _do_Promote(self, action: act.Promote, spec: PostgresClusterSpec) -> None:
+        if action.member not in self.members or self.busy(action.member):
+            return
+        with psycopg.connect(self.superuser_dsn(action.member), autocommit=True, connect_timeout=2) as conn:
+            row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+            if row and row[0]:
+                conn.execute("SELECT pg_promote(false)")  # the next observation confirms it
+                log.info("promoted %s (%s)", action.member, action.reason)
+
+    def _do_SetPrimary(self, action: act.SetPrimary, spec: PostgresClusterSpec) -> None:
+        # The rw DSN selects the only read-write member: nothing to re-label locally.
+        log.info("primary is now %s", action.member)
+
+    def _do_SetSynchronousStandbys(
+        self, action: act.SetSynchronousStandbys, spec: PostgresClusterSpec
+    ) -> None:
+        if action.member not in self.members or self.busy(action.member):
+            return
+        value = action.config.render()
+        with psycopg.connect(self.superuser_dsn(action.member), autocommit=True, connect_timeout=2) as conn:
+            conn.execute(
+                psycopg.sql.SQL("ALTER SYSTEM SET synchronous_standby_names = {}").format(
+                    psycopg.sql.Literal(value)
+                )
+            )
+            conn.execute("SELECT pg_reload_conf()")
+        log.info("synchronous_standby_names on %s = %r", action.member, value)
+
+    def _do_Rejoin(self, action: act.Rejoin, spec: PostgresClusterSpec) -> None:
+        if action.member not in self.members or action.upstream not in self.members:
+            return
+        # A running replica follows a new primary by itself (its conninfo selects the read-write
+        # member, and recovery_target_timeline=latest takes the new timeline): give it a moment
+        # before stopping it for a rewind.
+        obs = self._observed.get(action.member)
+        member = self.members[action.member]
+        if obs is not None and obs.reachable and obs.in_recovery and not member.fenced and not action.reclone:
+            asked = self._rejoin_asked.setdefault(action.member, time.time())
+            if time.time() - asked < REJOIN_GRACE:
+                return
+        self._rejoin_asked.pop(action.member, None)
+        self._spawn(
+            action.member,
+            "rejoin",
+            lambda: self._rejoin(action.member, action.upstream, reclone=action.reclone, spec=spec),
+        )
+
+    def _do_DropReplicationSlot(self, action: act.DropReplicationSlot, spec: PostgresClusterSpec) -> None:
+        if action.member not in self.members:
+            return
+        with (
+            contextlib.suppress(psycopg.Error),
+            psycopg.connect(self.superuser_dsn(action.member), autocommit=True, connect_timeout=2) as conn,
+        ):
+            conn.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+                (action.slot.replace("-", "_"),),
+            )
+
+    def _do_StartSnapshot(self, action: act.StartSnapshot, spec: PostgresClusterSpec) -> None:
+        if action.member not in self.members:
+            return
+        compression = spec.backup.compression.value if spec.backup is not None else "zstd"
+        command = [
+            self.agent,
+            "snapshot",
+            "--store",
+            self.state.store_url,
+            "--cluster",
+            self.state.cluster,
+            "--source",
+            self.superuser_dsn(action.member),
+            "--compression",
+            compression,
+        ]
+        self.jobs.start(JobKind.SNAPSHOT, action.backup, command, self.pg_env(), member=action.member)
+        self.objects.update_status("Backup", action.backup, startedAt=now_iso())
+
+    def _do_StartRestore(self, action: act.StartRestore, spec: PostgresClusterSpec) -> None:
+        name = action.member
+        job = self.jobs.job(JobKind.RESTORE, action.restore)
+        if name not in self.members or (job.folder / "job.json").exists() or self.busy(name):
+            return
+        self._stop(name, fast_timeout=5)
+        pgdata = self.paths.member_data(name)
+        kept = self._keep_aside(name) if pgdata.exists() else None
+        try:
+            snapshot = self._snapshot_id(action.backup, action.snapshot_id)
+        except ValueError as exc:
+            job.folder.mkdir(parents=True, exist_ok=True)
+            (job.folder / "stderr").write_text(str(exc) + "\n")
+            (job.folder / "rc").write_text("1\n")
+            job.set_meta(member=name)
+            return
+        make_pg_dir(pgdata)
+        self.jobs.start(
+            JobKind.RESTORE,
+            action.restore,
+            self._restore_command(pgdata, snapshot, action.target),
+            self.pg_env(),
+            member=name,
+            kept_aside=str(kept) if kept else None,
+            snapshot=snapshot,
+        )
+        self.objects.update_status("Restore", action.restore, startedAt=now_iso(), snapshotId=snapshot)
+
+    def _do_CreateBackup(self, action: act.CreateBackup, spec: PostgresClusterSpec) -> None:
+        self.objects.create_backup(action.name)
+
+    def _do_UpdateBackup(self, action: act.UpdateBackup, spec: PostgresClusterSpec) -> None:
+        fields: dict[str, Any] = {
+            "phase": action.phase,
+            "sourceMember": action.source_member,
+            "error": action.error,
+        }
+        if action.phase in ("Completed", "Failed"):
+            fields["completedAt"] = now_iso()
+            summary = self.jobs.job(JobKind.SNAPSHOT, action.name).stdout_json() or {}
+            if summary:
+                fields.update(
+                    backupId=summary.get("id"),
+                    startLSN=summary.get("start_lsn"),
+                    endLSN=summary.get("stop_lsn"),
+                    timeline=summary.get("timeline"),
+                    sizeBytes=summary.get("size"),
+                    storedSizeBytes=summary.get("stored_size"),
+                    size=_human(summary.get("size")),
+                    storedSize=_human(summary.get("stored_size")),
+                    storePath=f"{self.state.store_url}/{self.state.cluster}/{summary.get('system_id')}/snapshots/{summary.get('id')}/",
+                    verified=True,
+                )
+        self.objects.update_status("Backup", action.name, **fields)
+
+    def _do_UpdateRestore(self, action: act.UpdateRestore, spec: PostgresClusterSpec) -> None:
+        fields: dict[str, Any] = {
+            "phase": action.phase,
+            "error": action.error,
+            "restoredTimeline": action.restored_timeline,
+        }
+        if action.phase in ("Completed", "Failed"):
+            fields["completedAt"] = now_iso()
+            kept = self.jobs.job(JobKind.RESTORE, action.name).meta.get("kept_aside")
+            if kept:
+                fields["keptData"] = [kept]
+        self.objects.update_status("Restore", action.name, **fields)
+
+    def _do_Prune(self, action: act.Prune, spec: PostgresClusterSpec) -> None:
+        command = [self.agent, "prune", "--store", self.state.store_url, "--cluster", self.state.cluster]
+        if action.keep_last is not None:
+            command += ["--keep-last", str(action.keep_last)]
+        if action.keep_within is not None:
+            command += ["--keep-within", action.keep_within]
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+        self.jobs.start(JobKind.SNAPSHOT, f"prune{stamp}", command, self.pg_env(), prune=True)
+
+    def _do_RecordEvent(self, action: act.RecordEvent, spec: PostgresClusterSpec) -> None:
+        kind = "Warning" if action.warning else "Normal"
+        line = f"{now_iso()} {kind} {action.reason}: {action.message}\n"
+        with self.paths.events_log.open("a") as handle:
+            handle.write(line)
+        log.info("event %s %s: %s", kind, action.reason, action.message)
+
+    # --- restore jobs: the platform part (start PostgreSQL once the files are in place) ---------------
+    def advance_restores(self, spec: PostgresClusterSpec) -> None:
+        for job in self.jobs.all():
+            if job.kind is not JobKind.RESTORE or job.rc != 0 or job.meta.get("started"):
+                continue
+            name = job.meta.get("member")
+            if not name or name not in self.members:
+                continue
+            pgdata = self.paths.member_data(name)
+            update_pgherd_conf(pgdata, dict(self.settings(name, spec)))
+            member = self.members[name]
+            member.fenced = False
+            member.wanted = True
+            member.save(self.paths)
+            job.set_meta(started=True)
+            self._spawn(name, "start restored", lambda n=name: self._start(n))  # type: ignore[misc]
+
+    def stop_all(self) -> None:
+        for name in list(self.members):
+            self._stop(name, fast_timeout=10)
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def _human(size: int | None) -> str | None:
+    if size is None:
+        return None
+    amount = float(size)
+    for unit in ("", "Ki", "Mi", "Gi", "Ti"):
+        if amount < 1024 or unit == "Ti":
+            return f"{amount:.0f}{unit}" if unit == "" else f"{amount:.1f}{unit}"
+        amount /= 1024
+    return None
+
+
+def member_names(cluster: str, instances: int) -> list[str]:
+    return [member_name(cluster, i) for i in range(instances)]

@@ -1,0 +1,362 @@
+"""`pgherd sandbox`: a PostgresCluster on this machine, driven by the same engine as on Kubernetes."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pgherd.api.admission import admit
+from pgherd.local.layout import SandboxPaths, read_json
+from pgherd.local.objects import ObjectStore
+from pgherd.local.s3server import free_port
+from pgherd.local.state import MemberState, S3Endpoint, SandboxState
+from pgherd_backup.postgres import postmaster
+from pgherd_backup.postgres.process import grant_traverse
+
+DEFAULT_DIR = Path(".sandbox")
+EMBEDDED_BUCKET = "pgherd"
+EMBEDDED_SECRET = "pgherd-sandbox-s3"
+
+
+class SandboxError(RuntimeError):
+    """A sandbox command that cannot be done; the message says why and what to do."""
+
+
+@dataclass
+class Sandbox:
+    root: Path
+
+    @property
+    def paths(self) -> SandboxPaths:
+        return SandboxPaths(self.root)
+
+    @property
+    def objects(self) -> ObjectStore:
+        return ObjectStore(self.paths)
+
+    def state(self) -> SandboxState:
+        try:
+            return SandboxState.load(self.paths)
+        except FileNotFoundError as exc:
+            raise SandboxError(str(exc)) from None
+
+    # --- up -------------------------------------------------------------------------------------------
+    def up(
+        self, manifest: dict[str, Any], *, timeout: float = 300, restart_delay: float = 10.0
+    ) -> dict[str, Any]:
+        if self.paths.state_file.exists():
+            raise SandboxError(
+                f"a sandbox already exists in {self.root}: `pgherd sandbox apply -f` changes it,"
+                f" `pgherd sandbox down --dir {self.root}` removes it"
+            )
+        if manifest.get("kind") != "PostgresCluster":
+            raise SandboxError(
+                "`sandbox up` needs a PostgresCluster manifest (apply Backups and Restores later)"
+            )
+        self.root.mkdir(parents=True, exist_ok=True)
+        grant_traverse(self.root)
+        s3_port = free_port()
+        store = ((manifest.get("spec") or {}).get("backup") or {}).get("store")
+        if store is None:
+            # The embedded S3 server becomes the store, before admission: rules that need a store
+            # (recovery.onQuorumLoss: RestoreFromBackup, schedules) then hold.
+            s3 = S3Endpoint(
+                endpoint=f"http://127.0.0.1:{s3_port}",
+                access_key="pgherd",
+                secret_key=secrets.token_hex(16),
+                embedded=True,
+                port=s3_port,
+            )
+            store_url = f"s3://{EMBEDDED_BUCKET}/sandbox"
+            manifest = copy.deepcopy(manifest)
+            backup = manifest.setdefault("spec", {}).setdefault("backup", {})
+            backup["store"] = {
+                "s3": {
+                    "bucket": EMBEDDED_BUCKET,
+                    "path": "sandbox",
+                    "endpoint": s3.endpoint,
+                    "forcePathStyle": True,
+                    "credentials": {"secretName": EMBEDDED_SECRET},
+                }
+            }
+        else:
+            s3_spec = store.get("s3") or {}
+            access = os.environ.get("AWS_ACCESS_KEY_ID")
+            secret = os.environ.get("AWS_SECRET_ACCESS_KEY")
+            if not access or not secret:
+                raise SandboxError(
+                    "the manifest's backup.store points to an external S3: export AWS_ACCESS_KEY_ID and"
+                    " AWS_SECRET_ACCESS_KEY (the sandbox's stand-in for the credentials Secret)"
+                )
+            s3 = S3Endpoint(
+                endpoint=s3_spec.get("endpoint") or f"https://s3.{s3_spec.get('region', 'us-east-1')}.amazonaws.com",
+                access_key=access,
+                secret_key=secret,
+                region=s3_spec.get("region", "us-east-1"),
+                embedded=False,
+            )
+            store_url = f"s3://{s3_spec.get('bucket')}/{s3_spec.get('path', '')}".rstrip("/")
+        admitted = admit(manifest)
+        name = admitted["metadata"]["name"]
+        spec = admitted["spec"]
+        initdb = ((spec.get("bootstrap") or {}).get("initdb")) or {}
+        state = SandboxState(
+            cluster=name,
+            base_port=_free_port_range(16),
+            store_url=store_url,
+            s3=s3,
+            superuser_password=secrets.token_urlsafe(18),
+            app_user=initdb.get("owner", "app"),
+            app_database=initdb.get("database", "app"),
+            app_password=secrets.token_urlsafe(18),
+            restart_delay=restart_delay,
+        )
+        state.save(self.paths)
+        self.objects.apply(manifest)
+        self.start_supervisor()
+        return self.wait_for_phase({"Running"}, timeout=timeout, fail_on={"Failed"})
+
+    def start_supervisor(self) -> int:
+        if self.supervisor_pid() is not None:
+            raise SandboxError(f"a supervisor already runs for {self.root} (pid {self.supervisor_pid()})")
+        log = self.paths.supervisor_log.open("ab")
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "pgherd.local.supervisor", "--dir", str(self.root.resolve())],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=str(self.root.resolve()),
+            )
+        finally:
+            log.close()
+        self.paths.pid_file.write_text(f"{process.pid}\n")
+        return process.pid
+
+    def supervisor_pid(self) -> int | None:
+        try:
+            pid = int(self.paths.pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        return pid if _alive(pid) else None
+
+    def wait_for_phase(
+        self,
+        phases: set[str],
+        *,
+        timeout: float,
+        fail_on: set[str] = frozenset(),  # type: ignore[assignment]
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        status: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            status = self.status()
+            if status.get("phase") in phases:
+                return status
+            if status.get("phase") in fail_on:
+                break
+            if self.supervisor_pid() is None:
+                raise SandboxError(f"the supervisor is not running: see {self.paths.supervisor_log}")
+            time.sleep(0.5)
+        raise SandboxError(
+            f"the cluster is {status.get('phase', 'not reporting')} ({status.get('message', '')}), not"
+            f" {'/'.join(sorted(phases))}, after {timeout:.0f}s: see `pgherd sandbox status --dir {self.root}`"
+            f" and {self.paths.supervisor_log}"
+        )
+
+    # --- status ---------------------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        state = self.state()
+        recorded: dict[str, Any] = read_json(self.paths.status_file, {}) or {}
+        members = recorded.get("members", [])
+        ports = [m["port"] for m in members] or [state.base_port]
+        rw = _dsn(
+            ports, state.app_user, state.app_password, state.app_database, target_session_attrs="read-write"
+        )
+        objects = self.objects
+        return {
+            "cluster": state.cluster,
+            "phase": recorded.get("phase", "Pending"),
+            "message": recorded.get("message", ""),
+            "primary": recorded.get("currentPrimary"),
+            "targetPrimary": recorded.get("targetPrimary"),
+            "instances": recorded.get("instances", 0),
+            "readyInstances": recorded.get("readyInstances", 0),
+            "timeline": recorded.get("timeline"),
+            "members": members,
+            "rwDsn": rw,
+            "superuserDsn": _dsn(
+                ports, "postgres", state.superuser_password, "postgres", target_session_attrs="read-write"
+            ),
+            "conditions": recorded.get("conditions", []),
+            "operation": recorded.get("operation"),
+            "backups": [
+                {
+                    "name": b["metadata"]["name"],
+                    "phase": (b.get("status") or {}).get("phase", "Pending"),
+                    "backupId": (b.get("status") or {}).get("backupId"),
+                    "size": (b.get("status") or {}).get("size"),
+                    "error": (b.get("status") or {}).get("error"),
+                }
+                for b in objects.backups()
+            ],
+            "restores": [
+                {
+                    "name": r["metadata"]["name"],
+                    "phase": (r.get("status") or {}).get("phase", "Pending"),
+                    "error": (r.get("status") or {}).get("error"),
+                    "keptData": (r.get("status") or {}).get("keptData"),
+                }
+                for r in objects.restores()
+            ],
+            "store": state.store_url,
+            "s3Endpoint": state.s3.endpoint,
+            "supervisorRunning": self.supervisor_pid() is not None,
+            "updatedAt": recorded.get("updatedAt"),
+        }
+
+    # --- changes ----------------------------------------------------------------------------------------
+    def apply(self, manifest: dict[str, Any]) -> str:
+        self.state()
+        if manifest.get("kind") == "PostgresCluster":
+            stored = self.objects.cluster()
+            store = ((stored.get("spec") or {}).get("backup") or {}).get("store")
+            manifest = copy.deepcopy(manifest)
+            spec = manifest.setdefault("spec", {})
+            if store is not None and not (spec.get("backup") or {}).get("store"):
+                spec.setdefault("backup", {})["store"] = store  # keep the embedded store
+        return self.objects.apply(manifest)
+
+    def kill(self, member: str, *, wipe: bool = False) -> None:
+        state = self.state()
+        folder = self.paths.member_dir(member)
+        known = MemberState.load(self.paths, member)
+        if known is None or not folder.exists():
+            raise SandboxError(f"no member {member!r} in cluster {state.cluster}")
+        pgdata = self.paths.member_data(member)
+        postmaster.kill(pgdata)
+        if wipe:
+            shutil.rmtree(pgdata, ignore_errors=True)
+
+    def switchover(self, to: str | None, *, timeout: float = 90) -> dict[str, Any]:
+        before = self.status()
+        if to is not None and to not in {m["name"] for m in before["members"]}:
+            raise SandboxError(f"no member {to!r} in cluster {before['cluster']}")
+        if to is not None and to == before["primary"]:
+            return before
+        result_file = self.paths.objects / "switchover-result.json"
+        result_file.unlink(missing_ok=True)
+        self.objects.request_switchover(to)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            result = read_json(result_file)
+            if result is not None:
+                status = self.status()
+                if result.get("result") != "done":
+                    raise SandboxError(f"switchover to {result.get('to')} {result.get('result')}")
+                return status
+            time.sleep(0.2)
+        raise SandboxError(
+            f"the switchover did not complete within {timeout:.0f}s: see `pgherd sandbox status`"
+        )
+
+    def kill_supervisor(self) -> None:
+        pid = self.supervisor_pid()
+        if pid is None:
+            raise SandboxError("the supervisor is not running")
+        os.kill(pid, signal.SIGKILL)
+        for _ in range(50):
+            if not _alive(pid):
+                return
+            time.sleep(0.1)
+
+    def resume(self) -> int:
+        self.state()
+        return self.start_supervisor()
+
+    def down(self, *, keep_data: bool = False) -> None:
+        state = self.state()
+        pid = self.supervisor_pid()
+        if pid is not None:
+            os.kill(pid, signal.SIGTERM)
+            for _ in range(100):
+                if not _alive(pid):
+                    break
+                time.sleep(0.1)
+            else:
+                os.kill(pid, signal.SIGKILL)
+        from pgherd.local.jobs import LocalJobs
+
+        for job in LocalJobs(self.paths).all():
+            job.kill()
+        if self.paths.members.is_dir():
+            for folder in self.paths.members.iterdir():
+                pgdata = folder / "data"
+                if postmaster.is_running(pgdata):
+                    try:
+                        postmaster.stop(pgdata, mode="fast", timeout=20)
+                    except Exception:
+                        postmaster.kill(pgdata)
+        if state.s3.embedded and state.s3.pid and _alive(state.s3.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(state.s3.pid, signal.SIGTERM)
+        if not keep_data:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return done == 0
+
+
+def _dsn(ports: list[int], user: str, password: str, dbname: str, **extra: str) -> str:
+    parts = {
+        "host": ",".join("127.0.0.1" for _ in ports),
+        "port": ",".join(str(p) for p in ports),
+        "user": user,
+        "password": password,
+        "dbname": dbname,
+        "connect_timeout": "2",
+        **extra,
+    }
+    return " ".join(f"{k}='{v}'" for k, v in parts.items())
+
+
+def _free_port_range(count: int) -> int:
+    """A base port such that base..base+count-1 are all free now (one per possible member)."""
+    for _ in range(200):
+        base = 20000 + secrets.randbelow(30000)
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+        return base
+    raise SandboxError("could not find 16 free consecutive ports on 127.0.0.1")

@@ -1,0 +1,83 @@
+"""The sandbox's platform state: what a Kubernetes cluster would hold (ports, secrets, pod state)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pgherd.local.layout import SandboxPaths, read_json, write_json
+
+
+@dataclass
+class S3Endpoint:
+    endpoint: str
+    access_key: str
+    secret_key: str
+    region: str = "us-east-1"
+    embedded: bool = True
+    pid: int | None = None
+    port: int | None = None
+
+    def env(self) -> dict[str, str]:
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_REGION": self.region,
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+        }
+
+
+@dataclass
+class SandboxState:
+    """sandbox.json: fixed at `up`, read by every command and the supervisor."""
+
+    cluster: str
+    base_port: int
+    store_url: str  # s3://bucket/path
+    s3: S3Endpoint
+    superuser_password: str
+    app_user: str
+    app_database: str
+    app_password: str
+    restart_delay: float = 10.0
+    tick: float = 0.5
+    pg_bindir: str | None = None
+
+    def port_of(self, ordinal: int) -> int:
+        return self.base_port + ordinal
+
+    def save(self, paths: SandboxPaths) -> None:
+        write_json(paths.state_file, asdict(self))
+
+    @classmethod
+    def load(cls, paths: SandboxPaths) -> SandboxState:
+        data = read_json(paths.state_file)
+        if data is None:
+            raise FileNotFoundError(
+                f"no sandbox in {paths.root}: run `pgherd sandbox up -f FILE --dir {paths.root}`"
+            )
+        data["s3"] = S3Endpoint(**data["s3"])
+        return cls(**data)
+
+
+@dataclass
+class MemberState:
+    """A member's platform state, like a pod's: the supervisor is its only writer."""
+
+    name: str
+    ordinal: int
+    port: int
+    revision: str | None = None
+    fenced: bool = False
+    wanted: bool = True  # the platform keeps it running (False: deleted or stopped on purpose)
+    restart_at: float | None = None  # monotonic-free wall time of the next restart attempt
+    restarts: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def save(self, paths: SandboxPaths) -> None:
+        write_json(paths.member_state(self.name), asdict(self))
+
+    @classmethod
+    def load(cls, paths: SandboxPaths, name: str) -> MemberState | None:
+        data: dict[str, Any] | None = read_json(paths.member_state(name))
+        return None if data is None else cls(**data)

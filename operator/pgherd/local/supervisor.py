@@ -1,0 +1,264 @@
+"""The sandbox supervisor: the same observe -> decide -> act loop as the Kubernetes operator.
+
+It runs in the background (started by `pgherd sandbox up` or `resume`), owns the embedded S3 server,
+and writes the cluster status where `pgherd sandbox status` reads it. Killed at any moment, a new one
+resumes from the recorded status: the engine's operation record says where it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from pgherd.api.cluster import PostgresClusterSpec
+from pgherd.engine import Decision, EngineStatus, decide
+from pgherd.engine.actions import RecordEvent, UpdateBackup, UpdateRestore
+from pgherd.engine.status import OperationKind
+from pgherd.local.layout import SandboxPaths, read_json, write_json
+from pgherd.local.objects import ObjectStore, now_iso
+from pgherd.local.observe import Observation
+from pgherd.local.platform import LocalPlatform
+from pgherd.local.s3server import S3Server
+from pgherd.local.state import SandboxState
+
+log = logging.getLogger("pgherd.sandbox")
+
+
+def _s3_answers(endpoint: str) -> bool:
+    try:
+        urllib.request.urlopen(endpoint + "/", timeout=1).close()
+    except urllib.error.HTTPError:
+        return True
+    except (urllib.error.URLError, OSError):
+        return False
+    return True
+
+
+def ensure_s3(paths: SandboxPaths, state: SandboxState) -> S3Server | None:
+    """Start the embedded S3 server unless it already runs (a resumed supervisor reuses it)."""
+    if not state.s3.embedded or _s3_answers(state.s3.endpoint):
+        return None
+    server = S3Server(
+        paths.s3_root,
+        access_key=state.s3.access_key,
+        secret_key=state.s3.secret_key,
+        port=state.s3.port,
+        log_file=paths.root / "s3server.log",
+    )
+    server.start()
+    bucket = state.store_url.removeprefix("s3://").split("/", 1)[0]
+    server.create_bucket(bucket)
+    state.s3.pid = server._proc.pid if server._proc is not None else None
+    state.save(paths)
+    return server
+
+
+class Supervisor:
+    def __init__(self, root: Path) -> None:
+        self.paths = SandboxPaths(root)
+        self.state = SandboxState.load(self.paths)
+        self.objects = ObjectStore(self.paths)
+        self.platform = LocalPlatform(self.paths, self.state, self.objects)
+        self.stopping = False
+        self.last_phase: str | None = None
+        self.last_message: str | None = None
+        self.last_actions: set[str] = set()
+
+    def engine_status(self) -> EngineStatus:
+        recorded = read_json(self.paths.status_file, {}) or {}
+        return EngineStatus.from_dict(recorded.get("engine", {}))
+
+    def switchover_target(self) -> str | None:
+        request = self.objects.switchover_request()
+        if request is None:
+            return None
+        target = request.get("to")
+        if target:
+            return str(target)
+        best = self._best_switchover_target()
+        if best is not None:  # resolved once, so that the target stays put during the switchover
+            write_json(self.paths.switchover_request, {**request, "to": best})
+        return best
+
+    def _best_switchover_target(self) -> str | None:
+        """`switchover` without --to: the streaming replica with the most WAL (the engine still checks
+        that it is streaming and caught up before it promotes it)."""
+        recorded = read_json(self.paths.status_file, {}) or {}
+        members = [
+            m for m in recorded.get("members", []) if m.get("role") == "replica" and m.get("streaming")
+        ]
+        if not members:
+            return None
+        best = max(members, key=lambda m: (m.get("receivedLSN") or 0, m.get("name")))
+        return str(best["name"])
+
+    def run(self) -> None:
+        ensure_s3(self.paths, self.state)
+        self.paths.pid_file.write_text(f"{os.getpid()}\n")
+        log.info("supervisor started (pid %d) for cluster %s", os.getpid(), self.state.cluster)
+        while not self.stopping:
+            started = time.monotonic()
+            try:
+                self.tick()
+            except Exception:
+                log.exception("supervisor tick failed; trying again")
+            elapsed = time.monotonic() - started
+            # Faster while something is in flight: each step of a failover waits for an observation.
+            busy = self.last_phase not in (None, "Running", "Paused")
+            interval = min(self.state.tick, 0.2) if busy else self.state.tick
+            time.sleep(max(0.02, interval - elapsed))
+        log.info("supervisor stopped")
+
+    def tick(self) -> None:
+        cluster = self.objects.cluster()
+        spec = PostgresClusterSpec.model_validate(cluster.get("spec") or {})
+        status = self.engine_status()
+        self.platform.current_primary = status.current_primary
+        if not spec.paused:
+            self.platform.keep_running(spec)
+            self.platform.advance_restores(spec)
+        target = self.switchover_target()
+        view, seen = self.platform.view(spec, target)
+        decision = decide(spec, view, status)
+        self.write_status(cluster, spec, decision, seen)
+        self.platform.current_primary = decision.status.current_primary
+        self._clear_switchover(decision, target)
+        issued = {repr(a) for a in decision.actions}
+        for action in decision.actions:
+            if (
+                not isinstance(action, RecordEvent | UpdateBackup | UpdateRestore)
+                and repr(action) not in self.last_actions
+            ):
+                log.info("action %s", action)
+            try:
+                self.platform.apply(action, spec)
+            except Exception as exc:
+                log.warning("action %s failed: %s", type(action).__name__, exc)
+        self.last_actions = issued
+        if decision.phase.value != self.last_phase or decision.message != self.last_message:
+            log.info("phase %s: %s", decision.phase.value, decision.message)
+            self.last_phase, self.last_message = decision.phase.value, decision.message
+
+    def _clear_switchover(self, decision: Decision, target: str | None) -> None:
+        request = self.objects.switchover_request()
+        if request is None:
+            return
+        aborted = decision.status.aborted
+        done = (
+            target is not None
+            and decision.status.current_primary == target
+            and decision.status.operation is None
+        )
+        refused = aborted is not None and aborted.kind is OperationKind.SWITCHOVER
+        if done or refused or target is None:
+            result = "done" if done else ("refused: " + (aborted.failed or "") if aborted else "no candidate")
+            write_json(
+                self.paths.objects / "switchover-result.json",
+                {"to": target, "result": result, "at": now_iso()},
+            )
+            self.objects.clear_switchover()
+
+    def write_status(
+        self,
+        cluster: dict[str, Any],
+        spec: PostgresClusterSpec,
+        decision: Decision,
+        seen: dict[str, Observation],
+    ) -> None:
+        primary = decision.status.current_primary
+        primary_lsn = None
+        if primary and primary in seen and seen[primary].reachable:
+            primary_lsn = seen[primary].received_lsn
+        members = []
+        for name, member in sorted(self.platform.members.items(), key=lambda item: item[1].ordinal):
+            obs = seen.get(name, Observation(False))
+            role = (
+                "fenced"
+                if member.fenced
+                else ("unknown" if not obs.reachable else ("replica" if obs.in_recovery else "primary"))
+            )
+            lag = None
+            if primary_lsn is not None and obs.reachable and obs.replayed_lsn is not None:
+                lag = max(0, primary_lsn - obs.replayed_lsn)
+            members.append(
+                {
+                    "name": name,
+                    "role": role,
+                    "ready": obs.reachable,
+                    "reachable": obs.reachable,
+                    "port": member.port,
+                    "dsn": self.platform.app_dsn(name),
+                    "timeline": obs.timeline,
+                    "receivedLSN": obs.received_lsn,
+                    "replayedLSN": obs.replayed_lsn,
+                    "lagBytes": lag,
+                    "streaming": obs.receiver_streaming,
+                    "revision": member.revision,
+                    "busy": self.platform.busy(name),
+                }
+            )
+        operation = decision.status.operation
+        status = {
+            "phase": decision.phase.value,
+            "message": decision.message,
+            "conditions": [
+                {
+                    "type": c.type.value,
+                    "status": "Unknown" if c.status is None else ("True" if c.status else "False"),
+                    "reason": c.reason,
+                    "message": c.message,
+                }
+                for c in decision.conditions
+            ],
+            "observedGeneration": cluster["metadata"].get("generation", 1),
+            "currentPrimary": primary,
+            "targetPrimary": decision.target_primary,
+            "instances": len(self.platform.members),
+            "readyInstances": sum(1 for m in members if m["ready"]),
+            "members": members,
+            "timeline": decision.status.timeline,
+            "operation": None if operation is None else operation.to_dict(),
+            "engine": decision.status.to_dict(),
+            "updatedAt": now_iso(),
+            "supervisorPid": os.getpid(),
+        }
+        write_json(self.paths.status_file, status)
+
+
+def _configure_logging(paths: SandboxPaths) -> None:
+    handler = logging.FileHandler(paths.supervisor_log)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    for noisy in ("botocore", "urllib3", "psycopg"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pgherd-sandbox-supervisor")
+    parser.add_argument("--dir", type=Path, required=True)
+    args = parser.parse_args(argv)
+    paths = SandboxPaths(args.dir.resolve())
+    _configure_logging(paths)
+    supervisor = Supervisor(paths.root)
+
+    def stop(signum: int, _frame: object) -> None:
+        supervisor.stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    supervisor.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
