@@ -28,9 +28,13 @@ typecheck: $(STAMP)
 test: setup lint typecheck
 	PATH="$(CURDIR)/.tools/bin:$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest
 
+## make demo: the sandbox tour on real PostgreSQL processes (no Kubernetes needed).
+demo: setup
+	$(BIN)/pgherd sandbox demo --dir .sandbox-demo
+
 ## make crds: regenerate crds/ and the chart's copy from the API models.
 crds: $(STAMP)
 	$(BIN)/pgherd crds --out crds --chart charts/pgherd/crds
 
 clean:
-	rm -rf $(VENV) .tools .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .tools .sandbox .sandbox-demo .mypy_cache .ruff_cache .pytest_cache .hypothesis

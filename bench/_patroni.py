@@ -254,7 +254,7 @@ class PatroniCluster:
             if m.proc is None or m.proc.poll() is not None:
                 continue
             view = _http_json(f"http://127.0.0.1:{m.rest_port}/cluster")
-            if view is not None:
+            if isinstance(view, dict):
                 return view
         return None
 
@@ -291,21 +291,33 @@ class PatroniCluster:
     def restart(self, name: str) -> None:
         self._start_member(self.member(name))
 
-    def switchover(self) -> None:
-        leader = self.leader()
-        if leader is None:
-            raise RuntimeError("no Patroni leader to switch over from")
-        config = next(m.config for m in self.members if m.proc is not None)
-        result = subprocess.run(
-            ["patronictl", "-c", str(config), "switchover", "--force", "--leader", leader],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        if result.returncode != 0 or "Successfully" not in result.stdout:
-            raise RuntimeError(
-                f"patronictl switchover failed ({result.returncode}): {result.stdout}{result.stderr}"
+    def switchover(self, attempts: int = 3) -> None:
+        """patronictl switchover --force from the current leader; retried while a just-restarted member's
+        REST API is not listening yet."""
+        for attempt in range(1, attempts + 1):
+            leader = self.leader()
+            config = next(m.config for m in self.members if m.proc is not None)
+            result = subprocess.run(
+                [
+                    "patronictl",
+                    "-c",
+                    str(config),
+                    "switchover",
+                    "--force",
+                    *(["--leader", leader] if leader else []),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
             )
+            if result.returncode == 0 and "Successfully" in result.stdout:
+                return
+            if attempt == attempts:
+                raise RuntimeError(
+                    f"patronictl switchover failed ({result.returncode}): {result.stdout[-1500:]}{result.stderr[-1500:]}"
+                )
+            time.sleep(2)
+            self.wait_healthy()
 
     def describe(self) -> str:
         return f"Patroni cluster under {self.root} (etcd.log, {self.scope}-N.log)"

@@ -114,7 +114,12 @@ def populate(bins: PgBinaries, dsn: str, scale: int, text_mb: int) -> None:
 
 
 def dir_size(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+    """Bytes a base backup copies: the data directory without pg_wal."""
+    return sum(
+        f.stat().st_size
+        for f in path.rglob("*")
+        if f.is_file() and not f.is_symlink() and "pg_wal" not in f.relative_to(path).parts
+    )
 
 
 def main() -> int:
@@ -149,7 +154,7 @@ def main() -> int:
         postmaster.start(pgdata, bins=bins)
     dsn = f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
     db_bytes = dir_size(pgdata)
-    print(f"database: {db_bytes / 2**30:.2f} GiB on disk in {pgdata}", flush=True)
+    print(f"database: {db_bytes / 2**30:.2f} GiB (without pg_wal) in {pgdata}", flush=True)
 
     s3_root = Path(tempfile.mkdtemp(prefix="s3-", dir=work))
     server = S3Server(s3_root).start()

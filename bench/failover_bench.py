@@ -40,7 +40,7 @@ from bench._patroni import DEFAULT, TUNED, PatroniCluster, Timing
 from e2e import manifests
 from e2e.driver import healthy
 from e2e.drivers.local import LocalDriver
-from e2e.workload import WriteLoad, present_ids
+from e2e.workload import Attempt, WriteLoad, present_ids
 
 TABLE = "bench_writes"
 FAILOVER_TIMEOUT = 120.0
@@ -139,12 +139,27 @@ class Result:
     errors: list[str] = field(default_factory=list)
 
 
-def _wait(check: Callable[[], bool], timeout: float, what: str) -> None:
+def _wait_for_write(load: WriteLoad, moment: float, timeout: float, *, begun_after: bool) -> Attempt:
+    """The first write acknowledged after `moment` (begun after it, with begun_after)."""
     deadline = time.monotonic() + timeout
-    while not check():
+    while True:
+        attempts = load.snapshot().attempts
+        found = next(
+            (a for a in attempts if a.ok and (a.started if begun_after else a.ended) >= moment), None
+        )
+        if found is not None:
+            return found
         if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+            raise TimeoutError(f"no write acknowledged within {timeout:.0f} s")
         time.sleep(0.05)
+
+
+def _wait_for_new_primary(system: System, old: str | None, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while system.primary() in (None, old):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the primary is still {old} {timeout:.0f} s after the switchover")
+        time.sleep(0.1)
 
 
 def measure(system: System, runs: int, log: Callable[[str], None], result: Result) -> None:
@@ -161,16 +176,10 @@ def measure(system: System, runs: int, log: Callable[[str], None], result: Resul
             if old is None:
                 raise RuntimeError("no primary before the kill")
             system.kill(old)
-            # From the moment the kill returned: every process of the member is gone by then, so no write
-            # acknowledged later can come from it.
+            # Timed from the moment the kill returned, counting only writes begun after it: a commit in
+            # flight at the kill may still deliver its acknowledgement from the socket buffer.
             killed_at = time.monotonic()
-            _wait(
-                lambda t=killed_at: load.snapshot().first_ack_after(t) is not None,
-                FAILOVER_TIMEOUT,
-                "a write after the kill",
-            )  # type: ignore[misc]
-            first = load.snapshot().first_ack_after(killed_at)
-            assert first is not None
+            first = _wait_for_write(load, killed_at, FAILOVER_TIMEOUT, begun_after=True)
             result.failovers.append(first.ended - killed_at)
             log(
                 f"[{system.label}] failover {run}/{runs}: {old} killed, writes back after {result.failovers[-1]:.2f} s"
@@ -182,13 +191,8 @@ def measure(system: System, runs: int, log: Callable[[str], None], result: Resul
             old = system.primary()
             requested_at = time.monotonic()
             system.switchover()
-            _wait(lambda o=old: system.primary() not in (None, o), 60, "a new primary after the switchover")  # type: ignore[misc]
-            switched_at = time.monotonic()
-            _wait(
-                lambda t=switched_at: load.snapshot().first_ack_after(t) is not None,
-                60,
-                "a write after the switchover",
-            )  # type: ignore[misc]
+            _wait_for_new_primary(system, old, 60)
+            _wait_for_write(load, time.monotonic(), 60, begun_after=False)
             time.sleep(0.5)
             gap = load.snapshot().max_gap(since=requested_at, until=time.monotonic())
             result.switchovers.append(gap)

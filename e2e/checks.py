@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterable
@@ -17,7 +18,12 @@ from e2e.workload import DEFAULT_TABLE, WriteReport, connect, present_ids
 
 def query(dsn: str, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     with connect(dsn) as conn:
-        return conn.execute(statement, params).fetchall()  # type: ignore[arg-type]
+        return conn.execute(statement, params).fetchall()
+
+
+def execute(dsn: str, statement: str, params: tuple[Any, ...] = ()) -> None:
+    with connect(dsn) as conn:
+        conn.execute(statement, params)
 
 
 def scalar(dsn: str, statement: str, params: tuple[Any, ...] = ()) -> Any:
@@ -31,7 +37,10 @@ def insert_ids(dsn: str, ids: Iterable[int], table: str = DEFAULT_TABLE) -> list
     wanted = list(ids)
     with connect(dsn, autocommit=False) as conn:
         with conn.cursor() as cur:
-            cur.executemany(sql.SQL("INSERT INTO {} (id) VALUES (%s)").format(sql.Identifier(table)), [(i,) for i in wanted])
+            cur.executemany(
+                sql.SQL("INSERT INTO {} (id) VALUES (%s)").format(sql.Identifier(table)),
+                [(i,) for i in wanted],
+            )
         conn.commit()
     return wanted
 
@@ -57,7 +66,9 @@ def wait_ids_on_member(
         except (psycopg.Error, DriverError) as exc:
             last = f"cannot read it: {exc}"
         if time.monotonic() > deadline:
-            raise AssertionError(f"member {name} does not hold the expected rows of {table} after {timeout:.0f} s: {last}\n{driver.describe()}")
+            raise AssertionError(
+                f"member {name} does not hold the expected rows of {table} after {timeout:.0f} s: {last}\n{driver.describe()}"
+            )
         time.sleep(0.5)
 
 
@@ -113,10 +124,9 @@ class StatusRecorder:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            try:
+            # The platform may be restarting: a failed read is skipped, the next sample will tell.
+            with contextlib.suppress(DriverError):
                 self.samples.append(Sample(time.monotonic(), self.driver.status()))
-            except DriverError:
-                pass  # the platform may be restarting; the next sample will tell
             self._stop.wait(self.interval)
 
     def phases(self) -> list[str]:

@@ -8,7 +8,7 @@ and logs are kept for a post-mortem when one of the module's tests failed.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -28,11 +28,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    report: pytest.TestReport = yield
-    if report.failed:
-        item.module.__dict__["_e2e_failed"] = True  # type: ignore[attr-defined]
-    return report  # type: ignore[return-value]
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Remember in the module that one of its tests failed: its cluster's data and logs are kept."""
+    report = yield
+    module = getattr(item, "module", None)
+    if report.failed and module is not None:
+        module.__dict__["_e2e_failed"] = True
+    return report
 
 
 def make_driver(workdir: Path, cluster_name: str) -> Driver:
@@ -65,7 +69,9 @@ def pg_version() -> int:
 
 
 @pytest.fixture(scope="module")
-def new_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NewCluster]:
+def new_cluster(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[NewCluster]:
     """Create a cluster from a manifest, wait until it is healthy, hand back its driver."""
     drivers: list[Driver] = []
 
@@ -75,7 +81,9 @@ def new_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
         drivers.append(driver)
         driver.apply(manifest)
         instances = int(manifest["spec"].get("instances", 3))
-        driver.wait_for(healthy(instances), CREATE_TIMEOUT, f"cluster {name} to be Running with {instances} ready members")
+        driver.wait_for(
+            healthy(instances), CREATE_TIMEOUT, f"cluster {name} to be Running with {instances} ready members"
+        )
         ensure_table(driver.rw_dsn())
         return driver
 

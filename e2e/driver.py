@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypedDict, runtime_checkable
 
+import psycopg
+
 Manifest = Mapping[str, Any]
 
 
@@ -31,7 +33,9 @@ class MemberStatus(TypedDict, total=False):
 class ObjectStatus(TypedDict, total=False):
     name: str
     phase: str | None
-    backupId: str | None
+    backupId: str | None  # Backups
+    error: str | None
+    keptData: list[str] | None  # Restores: where the survivors' data directories were kept aside
 
 
 class ClusterStatus(TypedDict, total=False):
@@ -140,8 +144,9 @@ class PollingDriver:
                 last_error = None
                 if predicate(last):
                     return last
-            except (DriverError, KeyError, TypeError, ValueError) as exc:
-                # The platform may be mid-restart (supervisor killed, pod deleted): keep polling.
+            except (DriverError, LookupError, TypeError, ValueError, OSError, psycopg.Error) as exc:
+                # The platform may be mid-restart (supervisor killed, pod deleted), a member mid-restart
+                # for a predicate that reads PostgreSQL: keep polling, and show the error if time runs out.
                 last_error = f"{type(exc).__name__}: {exc}"
             if time.monotonic() > deadline:
                 shown = (

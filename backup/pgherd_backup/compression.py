@@ -7,7 +7,6 @@ compressed zero pages can expand to a gigabyte).
 
 from __future__ import annotations
 
-import gzip
 import os
 import zlib
 from dataclasses import dataclass
@@ -101,9 +100,9 @@ class Codec:
         if self.name == "lz4":
             import lz4.frame
 
-            return lz4.frame.LZ4FrameFile(source, mode="rb")  # type: ignore[no-any-return]
+            return _PullReader(source, lz4.frame.LZ4FrameDecompressor())
         if self.name == "gzip":
-            return gzip.GzipFile(fileobj=source, mode="rb")  # type: ignore[arg-type]
+            return _PullReader(source, zlib.decompressobj(31))
         return source
 
     def decompress(self, data: bytes, origin: str = "data") -> bytes:
@@ -146,3 +145,31 @@ class _Lz4Compressor:
             prefix = self._inner.begin()  # type: ignore[attr-defined]
             self._started = True
         return prefix + self._inner.flush()  # type: ignore[attr-defined,no-any-return]
+
+
+class _PullReader:
+    """Bounded reads over a push decompressor (zlib's or lz4's) fed in 1 MiB input blocks."""
+
+    def __init__(self, source: IO[bytes] | Reader, decompressor: Any) -> None:
+        self._source = source
+        self._d = decompressor
+        self._input = b""
+
+    def read(self, size: int = -1, /) -> bytes:
+        size = size if size and size > 0 else 1 << 20
+        while True:
+            if self._d.eof:
+                return b""
+            data = self._pending_input() or self._source.read(1 << 20)
+            more_output = not getattr(self._d, "needs_input", True)
+            if not data and not more_output:
+                raise IntegrityError("the compressed stream ends early: it is truncated")
+            out: bytes = self._d.decompress(data, size)
+            if hasattr(self._d, "unconsumed_tail"):
+                self._input = self._d.unconsumed_tail
+            if out:
+                return out
+
+    def _pending_input(self) -> bytes:
+        data, self._input = self._input, b""
+        return data

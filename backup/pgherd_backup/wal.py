@@ -8,6 +8,7 @@ succeeds, different content under an existing name fails loudly.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -157,10 +158,9 @@ def _prefetch(store: Store, layout: Layout, spool: Path, name: str, count: int) 
     _drop_older(spool, name)
 
     def one(segment: str) -> None:
-        try:
+        # not archived yet, or damaged: the call for that very segment will say so
+        with contextlib.suppress(BackupError):
             _write(spool / segment, _download(store, layout.wal_key(segment)))
-        except BackupError:
-            pass  # not archived yet, or damaged: the call for that segment will say so
 
     with ThreadPoolExecutor(min(4, len(wanted) or 1), thread_name_prefix="prefetch") as pool:
         list(pool.map(one, wanted))

@@ -20,7 +20,7 @@ import yaml
 from e2e.driver import ClusterStatus, DriverError, Manifest, ManifestRefused, PollingDriver, member
 
 # The sandbox's `up` waits for a Running cluster: initdb plus two base backups on a busy 2-core machine.
-UP_TIMEOUT = 300.0
+UP_TIMEOUT = 180.0
 COMMAND_TIMEOUT = 120.0
 # How long the sandbox waits before restarting a dead member (kubelet's back-off). Longer than failure
 # detection (3 s in the scenarios) so that a killed primary is failed over, not merely restarted in place.
@@ -110,7 +110,13 @@ class LocalDriver(PollingDriver):
         if first_cluster:
             self.cluster = name
             result = self._sandbox(
-                "up", "-f", str(path), "--restart-delay", str(self.restart_delay), timeout=UP_TIMEOUT, check=False
+                "up",
+                "-f",
+                str(path),
+                "--restart-delay",
+                str(self.restart_delay),
+                timeout=UP_TIMEOUT,
+                check=False,
             )
             self._started = result.returncode == 0 or self.dir.exists()
         else:

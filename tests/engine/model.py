@@ -143,10 +143,10 @@ class ModelCluster:
         primary.wal.append(commit)
         got = {primary.name}
         for node in self.nodes.values():
-            if node.name in receivers and node.upstream == primary.name and len(node.wal) == before:
-                if self.streaming_from(node, primary, before):
-                    node.wal.append(commit)
-                    got.add(node.name)
+            caught_up = node.upstream == primary.name and len(node.wal) == before
+            if node.name in receivers and caught_up and self.streaming_from(node, primary, before):
+                node.wal.append(commit)
+                got.add(node.name)
         config = primary.sync
         standbys = (config.standbys - {primary.name}) & got
         if config.k == 0 or len(standbys) >= config.k:

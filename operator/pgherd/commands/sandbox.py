@@ -56,7 +56,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = add("resume", "start a new supervisor for an existing sandbox (it resumes any operation)")
     p.set_defaults(func=_resume)
     p = add("demo", "the guided tour: failover, backup, majority loss and recovery")
-    p.set_defaults(func=_demo)
+    p.set_defaults(func=_demo, dir=Path(".sandbox-demo"))
 
 
 def _fail(message: str) -> int:
@@ -181,4 +181,5 @@ def _resume(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from pgherd.local.demo import run_demo
 
-    return run_demo(args.dir)
+    code: int = run_demo(args.dir)
+    return code

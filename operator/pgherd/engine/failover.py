@@ -138,17 +138,20 @@ def promote_step(ctx: Context, operation: Operation, phase: Phase) -> Outcome:
     if target is not None and target.is_primary:
         return finish(ctx, operation, target, phase)
     if target is None or not target.reachable:
-        # Promote was issued: it may have happened. Record it as the primary; a new detection
-        # period (fencing it first) decides what comes next.
-        status = replace(
-            status,
-            operation=None,
-            current_primary=operation.target,
-            primary_lost_since=ctx.now,
-            sync=None,
-            sync_pending=steady_config(status.voters, operation.target, ctx.quorum_mode),
-        )
-        return Outcome(Phase.DEGRADED, status, message=f"{operation.target} vanished while being promoted")
+        # Promote was issued: it may have happened. Wait for the target to answer; if it stays away,
+        # treat it as a failed primary (fence it first), never promote a second member beside it.
+        silent = ctx.now - (operation.step_started_at or operation.started_at)
+        if silent < ctx.detection:
+            message = f"{operation.target} does not answer while being promoted; waiting"
+            return Outcome(phase, replace(status, operation=operation), message=message)
+        status = replace(status, current_primary=operation.target, operation=None, primary_lost_since=ctx.now)
+        again = Operation(
+            OperationKind.FAILOVER,
+            started_at=ctx.now,
+            source=operation.target,
+            reason=f"{operation.target} vanished while being promoted",
+        ).at("fence", ctx.now)
+        return advance(replace(ctx, status=replace(status, operation=again)), again)
     others = [m for m in ctx.reachable_voters() if m.name != operation.source]
     drained = 1 if operation.final_lsn is not None else 0  # a switchover's source handed over its WAL
     if len(others) + drained < ctx.needed():

@@ -113,6 +113,8 @@ def upkeep(ctx: Context, reclone: frozenset[str] = frozenset()) -> Upkeep:
             )
             notes.append(f"creating {name}")
     for member in ctx.view.existing():
+        if member.name == primary.name:
+            continue  # the primary never rejoins itself
         if (member.name in reclone and not member.streams_from(primary.name)) or needs_rejoin(
             ctx, member, primary.name
         ):

@@ -230,7 +230,8 @@ def _rebuild(ctx: Context, operation: Operation, phase: Phase) -> Outcome:
         # The restored primary failed during the rebuild: the ordinary failure handling takes over.
         status = replace(ctx.status, operation=None)
         return Outcome(phase, status, message=f"restored primary {operation.target} is not available")
-    upkeep = membership.maintain(ctx, reclone=frozenset(operation.plan))
+    # The restored member is the primary now: only the others are re-cloned from it.
+    upkeep = membership.maintain(ctx, reclone=frozenset(operation.plan) - {primary.name})
     missing = [n for n in ctx.expected_names() if n != primary.name and not _streams(ctx, n)]
     if missing:
         return replace(upkeep, phase=phase, message=f"rebuilding {', '.join(missing)} from {primary.name}")

@@ -637,21 +637,30 @@ class LocalPlatform:
     def _do_Rejoin(self, action: act.Rejoin, spec: PostgresClusterSpec) -> None:
         if action.member not in self.members or action.upstream not in self.members:
             return
+        if action.member == action.upstream:
+            log.error("refusing to rejoin %s to itself (%s)", action.member, action.reason)
+            return
         # A running replica follows a new primary by itself (its conninfo selects the read-write
         # member, and recovery_target_timeline=latest takes the new timeline): give it a moment
         # before stopping it for a rewind.
         obs = self._observed.get(action.member)
         member = self.members[action.member]
-        if obs is not None and obs.reachable and obs.in_recovery and not member.fenced and not action.reclone:
+        upstream = self._observed.get(action.upstream)
+        clone_key = f"{action.upstream}@{upstream.timeline if upstream else None}"
+        reclone = action.reclone and member.cloned_from != clone_key
+        if obs is not None and obs.reachable and obs.in_recovery and not member.fenced and not reclone:
             asked = self._rejoin_asked.setdefault(action.member, time.time())
             if time.time() - asked < REJOIN_GRACE:
                 return
         self._rejoin_asked.pop(action.member, None)
-        self._spawn(
-            action.member,
-            "rejoin",
-            lambda: self._rejoin(action.member, action.upstream, reclone=action.reclone, spec=spec),
-        )
+
+        def rejoin() -> None:
+            self._rejoin(action.member, action.upstream, reclone=reclone, spec=spec)
+            if reclone:
+                member.cloned_from = clone_key
+                member.save(self.paths)
+
+        self._spawn(action.member, "rejoin", rejoin)
 
     def _do_DropReplicationSlot(self, action: act.DropReplicationSlot, spec: PostgresClusterSpec) -> None:
         if action.member not in self.members:

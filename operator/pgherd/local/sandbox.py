@@ -100,7 +100,8 @@ class Sandbox:
                     " AWS_SECRET_ACCESS_KEY (the sandbox's stand-in for the credentials Secret)"
                 )
             s3 = S3Endpoint(
-                endpoint=s3_spec.get("endpoint") or f"https://s3.{s3_spec.get('region', 'us-east-1')}.amazonaws.com",
+                endpoint=s3_spec.get("endpoint")
+                or f"https://s3.{s3_spec.get('region', 'us-east-1')}.amazonaws.com",
                 access_key=access,
                 secret_key=secret,
                 region=s3_spec.get("region", "us-east-1"),

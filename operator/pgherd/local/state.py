@@ -72,6 +72,7 @@ class MemberState:
     wanted: bool = True  # the platform keeps it running (False: deleted or stopped on purpose)
     restart_at: float | None = None  # monotonic-free wall time of the next restart attempt
     restarts: int = 0
+    cloned_from: str | None = None  # "<upstream>@<timeline>" of the last clone: a re-clone is done once
     notes: list[str] = field(default_factory=list)
 
     def save(self, paths: SandboxPaths) -> None:

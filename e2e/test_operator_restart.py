@@ -1,0 +1,86 @@
+"""The operator (the sandbox's supervisor) killed in the middle of a rolling restart: the cluster keeps
+serving writes while it is down, and a new operator resumes the recorded operation instead of starting
+over: members restarted before the kill are not restarted again, the old primary is still last."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from e2e import manifests
+from e2e.checks import assert_no_acknowledged_write_lost, in_recovery, postmaster_started, setting
+from e2e.conftest import NewCluster
+from e2e.driver import ClusterStatus, Driver, healthy
+from e2e.workload import WriteLoad
+
+NAME = "e2e-resume"
+OPERATOR_DOWN_SECONDS = 5.0
+
+
+@pytest.fixture(scope="module")
+def manifest(pg_version: int) -> dict[str, Any]:
+    return manifests.cluster(
+        NAME, postgres_version=pg_version, instances=3, parameters={"max_connections": "100"}
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster(new_cluster: NewCluster, manifest: dict[str, Any]) -> Driver:
+    return new_cluster(manifest)
+
+
+def _rollout(status: ClusterStatus) -> dict[str, Any] | None:
+    operation = status.get("operation") or None
+    return operation if operation and operation.get("kind") == "Rollout" else None
+
+
+def test_operator_killed_mid_rollout_resumes_it(cluster: Driver, manifest: dict[str, Any]) -> None:
+    before = cluster.wait_for(healthy(3), 120, "a healthy cluster before the rollout")
+    old = str(before["primary"])
+    members = sorted(m["name"] for m in before["members"])
+    applied_at = time.time()
+
+    load = WriteLoad(cluster.rw_dsn).start()
+    try:
+        load.wait_for_acks(200)
+        cluster.apply(manifests.with_changes(manifest, parameters={"max_connections": "130"}))
+        cluster.wait_for(lambda s: _rollout(s) is not None, 60, "the rollout to start (status.operation)")
+        cluster.kill_operator()
+        frozen = cluster.status()
+        operation = _rollout(frozen)
+        assert operation is not None, f"the operation was not recorded before the operator died: {frozen}"
+        done_before_kill = [m for m in operation.get("done") or [] if m in members]
+        started_before = {}
+        for name in done_before_kill:
+            started_before[name] = postmaster_started(cluster, name)
+
+        # Without its operator the cluster keeps serving writes, and nothing moves on.
+        time.sleep(OPERATOR_DOWN_SECONDS)
+        load.wait_for_acks(50, timeout=30)
+        assert (_rollout(cluster.status()) or {}).get("kind") == "Rollout", "the recorded operation vanished"
+
+        cluster.resume_operator()
+        cluster.wait_for(
+            lambda s: healthy(3)(s) and all(setting(cluster, m, "max_connections") == "130" for m in members),
+            240,
+            "the resumed rollout to bring every member to max_connections = 130",
+        )
+        load.wait_for_acks(200)
+    finally:
+        report = load.stop()
+
+    print(f"\noperation at the kill: {operation}; {report.summary()}")
+    assert_no_acknowledged_write_lost(cluster, report)
+    started = {m: postmaster_started(cluster, m) for m in members}
+    assert all(t > applied_at for t in started.values()), f"not every member restarted: {started}"
+    for name, at in started_before.items():
+        assert started[name] == at, f"{name} was restarted again after the resume: the rollout started over"
+    assert max(started, key=lambda m: started[m]) == old, (
+        f"the old primary {old} was not restarted last: {started}"
+    )
+    assert in_recovery(cluster, old), f"{old} is still primary: the resumed rollout did not switch over"
+    assert len(report.failure_windows()) <= 1, (
+        f"writes failed outside one switchover window: {report.failure_windows()}"
+    )

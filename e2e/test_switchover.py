@@ -1,0 +1,61 @@
+"""Planned switchover under a write load: the chosen replica becomes primary, writes stop only briefly,
+no acknowledged commit is lost, and the old primary follows the new one."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from e2e import manifests
+from e2e.checks import assert_no_acknowledged_write_lost, in_recovery, wait_ids_on_member
+from e2e.conftest import NewCluster
+from e2e.driver import Driver, healthy, replicas
+from e2e.workload import WriteLoad
+
+NAME = "e2e-switchover"
+
+
+@pytest.fixture(scope="module")
+def cluster(new_cluster: NewCluster, pg_version: int) -> Driver:
+    return new_cluster(manifests.cluster(NAME, postgres_version=pg_version, instances=3, mode="quorum"))
+
+
+@pytest.mark.parametrize("explicit_target", [True, False], ids=["to-member", "operator-chooses"])
+def test_switchover_under_load(
+    cluster: Driver, explicit_target: bool, record_property: Callable[[str, object], None]
+) -> None:
+    before = cluster.wait_for(healthy(3), 120, "a healthy cluster before the switchover")
+    old = str(before["primary"])
+    target = sorted(replicas(before))[-1] if explicit_target else None
+
+    load = WriteLoad(cluster.rw_dsn).start()
+    try:
+        load.wait_for_acks(200)
+        requested = time.monotonic()
+        cluster.switchover(to=target)
+        after = cluster.wait_for(
+            lambda s: s.get("primary") not in (None, old) and healthy(3)(s),
+            90,
+            f"the switchover from {old} to {target or 'a replica'} to complete",
+        )
+        done = time.monotonic()
+        load.wait_for_acks(200)
+    finally:
+        report = load.stop()
+
+    new = str(after["primary"])
+    if target is not None:
+        assert new == target, f"switched over to {new}, asked for {target}"
+    gap = report.max_gap(since=requested, until=done)
+    record_property("switchover_unavailability_seconds", round(gap, 2))
+    print(f"\nswitchover {old} -> {new}: longest write gap {gap:.2f} s; {report.summary()}")
+
+    assert_no_acknowledged_write_lost(cluster, report)
+    # Writes stopped only around the switchover: the failures form at most one window.
+    windows = report.failure_windows()
+    assert len(windows) <= 1, f"writes failed in {len(windows)} separate windows: {windows}"
+    assert not in_recovery(cluster, new)
+    assert in_recovery(cluster, old), f"the old primary {old} is not following {new}"
+    wait_ids_on_member(cluster, old, report.acked_ids(), timeout=30)
