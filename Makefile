@@ -7,10 +7,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup test lint typecheck unit demo crds bench-backup bench-failover clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -140,13 +140,10 @@ class Result:
 
 
 def _wait_for_write(load: WriteLoad, moment: float, timeout: float, *, begun_after: bool) -> Attempt:
-    """The first write acknowledged after `moment` (begun after it, with begun_after)."""
+    """The first write acknowledged after `moment` (and begun after it, with begun_after)."""
     deadline = time.monotonic() + timeout
     while True:
-        attempts = load.snapshot().attempts
-        found = next(
-            (a for a in attempts if a.ok and (a.started if begun_after else a.ended) >= moment), None
-        )
+        found = load.snapshot().first_ack_after(moment, begun=begun_after)
         if found is not None:
             return found
         if time.monotonic() > deadline:

@@ -8,6 +8,8 @@ and logs are kept for a post-mortem when one of the module's tests failed.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
@@ -74,10 +76,15 @@ def new_cluster(
 ) -> Iterator[NewCluster]:
     """Create a cluster from a manifest, wait until it is healthy, hand back its driver."""
     drivers: list[Driver] = []
+    workdirs: list[Path] = []
 
     def create(manifest: Manifest) -> Driver:
         name = str(manifest["metadata"]["name"])
-        driver = make_driver(tmp_path_factory.mktemp(f"e2e-{name}"), name)
+        workdir = Path(
+            tempfile.mkdtemp(prefix=f"pgherd-e2e-{name}-", dir=os.environ.get("PGHERD_E2E_WORKDIR"))
+        )
+        workdirs.append(workdir)
+        driver = make_driver(workdir, name)
         drivers.append(driver)
         driver.apply(manifest)
         instances = int(manifest["spec"].get("instances", 3))
@@ -95,5 +102,8 @@ def new_cluster(
             driver.down(keep=keep)
         except Exception as exc:  # every driver must get its chance to go down
             errors.append(f"{driver.describe()}: {exc}")
+    if not keep and not errors:
+        for workdir in workdirs:
+            shutil.rmtree(workdir, ignore_errors=True)
     if errors:
         pytest.fail("could not bring the e2e cluster(s) down:\n" + "\n".join(errors))

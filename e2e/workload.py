@@ -135,9 +135,11 @@ class WriteReport:
         have = set(present)
         return [i for i in self.acked_ids() if i not in have]
 
-    def first_ack_after(self, moment: float) -> Attempt | None:
-        """The first acknowledged write that ended after `moment` (time.monotonic())."""
-        return next((a for a in self.attempts if a.ok and a.ended > moment), None)
+    def first_ack_after(self, moment: float, *, begun: bool = False) -> Attempt | None:
+        """The first acknowledged write that ended after `moment` (time.monotonic()); with `begun`, that
+        also began after it: a commit in flight at a kill may still deliver its acknowledgement from the
+        socket buffer, and must not count as a write on the new primary."""
+        return next((a for a in self.attempts if a.ok and (a.started if begun else a.ended) >= moment), None)
 
     def last_ack_before(self, moment: float) -> Attempt | None:
         return next((a for a in reversed(self.attempts) if a.ok and a.ended <= moment), None)

@@ -8,7 +8,9 @@ long-name headers are accepted too. Nothing outside the target directory is ever
 from __future__ import annotations
 
 import os
-from collections.abc import Collection
+import threading
+from collections.abc import Callable, Collection
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from pgherd_backup.compression import Reader
@@ -16,6 +18,7 @@ from pgherd_backup.errors import IntegrityError
 
 BLOCK = 512
 _IO_BLOCK = 1 << 20
+_SMALL = 1 << 20  # files up to this size are written by the writer threads
 
 
 def _octal(field: bytes) -> int:
@@ -169,8 +172,52 @@ def _safe_path(root: Path, name: str) -> Path:
     return root.joinpath(*parts)
 
 
+class _Writers:
+    """Writes small files on a few threads: creating a file costs far more than writing a few
+    kilobytes, and a data directory holds thousands of small files. Bounded in bytes."""
+
+    def __init__(self, uid: int | None, gid: int | None, threads: int = 4, budget: int = 32 << 20) -> None:
+        self.uid, self.gid = uid, gid
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="untar")
+        self.budget = threading.Semaphore(budget // _SMALL)
+        self.futures: list[Future[None]] = []
+
+    def submit(self, path: Path, data: bytes, mode: int) -> None:
+        self.budget.acquire()
+        self.futures = [f for f in self.futures if not f.done() or f.result() is not None]
+        self.futures.append(self.pool.submit(self._write, path, data, mode))
+
+    def _write(self, path: Path, data: bytes, mode: int) -> None:
+        try:
+            _write_file(path, data, mode, self.uid, self.gid)
+        finally:
+            self.budget.release()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+        for future in self.futures:
+            future.result()
+
+
+def _write_file(path: Path, data: bytes, mode: int, uid: int | None, gid: int | None) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        if uid is not None:
+            os.fchown(fd, uid, gid if gid is not None else -1)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
 def extract(
-    reader: Reader, target: Path, *, uid: int | None = None, gid: int | None = None, progress: object = None
+    reader: Reader,
+    target: Path,
+    *,
+    uid: int | None = None,
+    gid: int | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> int:
     """Extract a whole tar stream into `target`; returns the number of bytes of file data written.
 
@@ -179,54 +226,73 @@ def extract(
     pull = _Pull(reader)
     written = 0
     long_name: str | None = None
-    report = progress if callable(progress) else None
     target.mkdir(mode=0o700, parents=True, exist_ok=True)
-    while True:
-        raw = pull.read_exact(BLOCK)
-        if raw == bytes(BLOCK):
-            break  # end of archive: two zero blocks; the second one is padding we do not need
-        header = _Header(raw)
-        name = long_name or header.name
-        long_name = None
-        if header.type in (b"x", b"g", b"L"):
-            data = pull.read_exact(header.size)
-            pull.skip(_padded(header.size) - header.size)
-            if header.type == b"x":
-                long_name = _pax_path(data).get("path")
-            elif header.type == b"L":
-                long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-            continue
-        path = _safe_path(target, name) if name not in (".", "./") else target
-        if header.type == b"5":
-            path.mkdir(mode=header.mode & 0o777 or 0o700, parents=True, exist_ok=True)
-            if uid is not None:
-                os.chown(path, uid, gid if gid is not None else -1)
-        elif header.type == b"2":
+    made: set[Path] = {target}
+    writers = _Writers(uid, gid)
+
+    def parent_of(path: Path) -> None:
+        if path.parent not in made:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.symlink(header.linkname, path)
-            if uid is not None:
-                os.lchown(path, uid, gid if gid is not None else -1)
-        elif header.type in (b"0", b"\0", b"7"):
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, header.mode & 0o777 or 0o600)
-            try:
+            made.add(path.parent)
+
+    try:
+        while True:
+            raw = pull.read_exact(BLOCK)
+            if raw == bytes(BLOCK):
+                break  # end of archive: two zero blocks; the second one is padding we do not need
+            header = _Header(raw)
+            name = long_name or header.name
+            long_name = None
+            if header.type in (b"x", b"g", b"L"):
+                data = pull.read_exact(header.size)
+                pull.skip(_padded(header.size) - header.size)
+                if header.type == b"x":
+                    long_name = _pax_path(data).get("path")
+                elif header.type == b"L":
+                    long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                continue
+            path = _safe_path(target, name) if name not in (".", "./") else target
+            if header.type == b"5":
+                path.mkdir(mode=header.mode & 0o777 or 0o700, parents=True, exist_ok=True)
+                made.add(path)
                 if uid is not None:
-                    os.fchown(fd, uid, gid if gid is not None else -1)
-                left = header.size
-                while left:
-                    data = pull.read_some(min(left, _IO_BLOCK))
-                    if not data:
-                        raise IntegrityError(f"the tar stream ends in the middle of {name!r}")
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view) :]
-                    left -= len(data)
-            finally:
-                os.close(fd)
-            written += header.size
-            pull.skip(_padded(header.size) - header.size)
-        else:
-            raise IntegrityError(f"the tar stream holds {name!r} of unsupported type {header.type!r}")
-        if report is not None:
-            report(pull.position)
+                    os.chown(path, uid, gid if gid is not None else -1)
+            elif header.type == b"2":
+                parent_of(path)
+                os.symlink(header.linkname, path)
+                if uid is not None:
+                    os.lchown(path, uid, gid if gid is not None else -1)
+            elif header.type in (b"0", b"\0", b"7"):
+                parent_of(path)
+                mode = header.mode & 0o777 or 0o600
+                if header.size <= _SMALL:
+                    writers.submit(path, pull.read_exact(header.size) if header.size else b"", mode)
+                else:
+                    _write_stream(pull, path, header.size, mode, uid, gid, name)
+                written += header.size
+                pull.skip(_padded(header.size) - header.size)
+            else:
+                raise IntegrityError(f"the tar stream holds {name!r} of unsupported type {header.type!r}")
+            if progress is not None:
+                progress(pull.position)
+    finally:
+        writers.close()
     return written
+
+
+def _write_stream(pull: _Pull, path: Path, size: int, mode: int, uid: int | None, gid: int | None, name: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        if uid is not None:
+            os.fchown(fd, uid, gid if gid is not None else -1)
+        left = size
+        while left:
+            data = pull.read_some(min(left, _IO_BLOCK))
+            if not data:
+                raise IntegrityError(f"the tar stream ends in the middle of {name!r}")
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            left -= len(data)
+    finally:
+        os.close(fd)

@@ -37,7 +37,12 @@ def test_status_round_trip() -> None:
         primary_lost_since=NOW,
         last_scheduled_backup=NOW - timedelta(days=1),
         operation=Operation(
-            OperationKind.ROLLOUT, NOW, step="restart:pg-2", step_started_at=NOW, plan=("pg-2", "pg-1"), done=()
+            OperationKind.ROLLOUT,
+            NOW,
+            step="restart:pg-2",
+            step_started_at=NOW,
+            plan=("pg-2", "pg-1"),
+            done=(),
         ),
         aborted=Operation(OperationKind.SWITCHOVER, NOW, failed="why", final_lsn=42),
     )

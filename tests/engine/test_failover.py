@@ -1,0 +1,122 @@
+"""Quorum-confirmed failure detection and failover."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from pgherd.api.cluster import Phase
+from pgherd.engine import Role, decide
+from pgherd.engine import actions as A
+from pgherd.engine.conditions import ConditionType
+
+from .builders import down, later, lost_primary, make_spec, settled, with_members
+
+
+def _primary_dies(lsns: dict[int, int] | None = None, instances: int = 3):  # type: ignore[no-untyped-def]
+    spec, view, status = settled(make_spec(instances=instances), lsns=lsns)
+    members = [down(view.members[0])] + [lost_primary(m) for m in view.members[1:]]
+    return spec, with_members(view, *members), status
+
+
+def test_healthy_cluster_is_running_with_no_action() -> None:
+    spec, view, status = settled()
+    decision = decide(spec, view, status)
+    assert decision.phase is Phase.RUNNING
+    assert decision.actions == ()
+    ready = decision.condition(ConditionType.READY)
+    assert ready is not None and ready.status is True
+
+
+def test_failure_is_confirmed_for_detection_seconds_first() -> None:
+    spec, view, status = _primary_dies()
+    first = decide(spec, view, status)
+    assert first.phase is Phase.DEGRADED and first.actions == ()
+    assert "confirming" in first.message
+    assert first.status.primary_lost_since == view.now
+    again = decide(spec, later(view, 3), first.status)
+    assert again.actions == ()
+
+
+def test_failover_fences_then_promotes_the_member_with_most_wal() -> None:
+    spec, view, status = _primary_dies(lsns={1: 900, 2: 950})
+    first = decide(spec, view, status)
+    decision = decide(spec, later(view, 6), first.status)
+    assert decision.phase is Phase.FAILING_OVER
+    assert decision.actions == (A.Fence("pg-0", reason=decision.actions[0].reason),)  # type: ignore[union-attr]
+    assert decision.status.operation is not None and decision.status.operation.step == "fence"
+    fenced = with_members(later(view, 6), replace(view.members[0], fenced=True))
+    promote = decide(spec, fenced, decision.status)
+    kinds = [type(a) for a in promote.actions]
+    assert kinds == [A.SetSynchronousStandbys, A.Promote]
+    assert promote.actions[1].member == "pg-2"  # type: ignore[union-attr]
+    sync = promote.actions[0]
+    assert isinstance(sync, A.SetSynchronousStandbys)
+    assert sync.config.standbys == {"pg-0", "pg-1"} and sync.config.k == 1
+
+
+def test_ties_break_on_replayed_lsn_then_name() -> None:
+    spec, view, status = _primary_dies(lsns={1: 950, 2: 950})
+    view = with_members(view, replace(view.members[1], replayed_lsn=940))
+    first = decide(spec, view, status)
+    fenced = with_members(later(view, 6), replace(view.members[0], fenced=True))
+    decision = decide(spec, fenced, decide(spec, later(view, 6), first.status).status)
+    assert decision.actions[-1] == A.Promote("pg-2", reason=decision.actions[-1].reason)  # type: ignore[union-attr]
+
+
+def test_operator_cut_off_from_primary_alone_never_fails_over() -> None:
+    spec, view, status = settled()
+    view = with_members(view, down(view.members[0]))  # replicas still stream from it
+    first = decide(spec, view, status)
+    decision = decide(spec, later(view, 60), first.status)
+    assert decision.actions == ()
+    assert decision.phase is Phase.DEGRADED
+    assert "lost it" in decision.message
+
+
+def test_no_failover_without_reachable_majority() -> None:
+    spec, view, status = settled(make_spec(instances=5))
+    members = [down(view.members[0]), down(view.members[1]), down(view.members[2])]
+    members += [lost_primary(m) for m in view.members[3:]]
+    view = with_members(view, *members)
+    first = decide(spec, view, status)
+    decision = decide(spec, later(view, 120), first.status)
+    assert decision.phase is Phase.QUORUM_LOST
+    assert not [a for a in decision.actions if isinstance(a, A.Promote | A.Fence)]
+    quorum = decision.condition(ConditionType.QUORUM_HEALTHY)
+    assert quorum is not None and quorum.status is False
+
+
+def test_failover_disabled_only_reports() -> None:
+    spec, view, status = _primary_dies()
+    spec = spec.model_copy(update={"failover": spec.failover.model_copy(update={"enabled": False})})
+    decision = decide(spec, later(view, 60), decide(spec, view, status).status)
+    assert decision.actions == () and "disabled" in decision.message
+
+
+def test_member_on_an_old_timeline_is_never_a_candidate() -> None:
+    spec, view, status = _primary_dies(lsns={1: 900, 2: 5000})
+    view = with_members(view, replace(view.members[2], timeline=0))
+    first = decide(spec, view, status)
+    fenced = with_members(later(view, 6), replace(view.members[0], fenced=True))
+    decision = decide(spec, fenced, decide(spec, later(view, 6), first.status).status)
+    # pg-2 is excluded, so only pg-1 is reachable on the timeline: not a majority of 3.
+    assert not [a for a in decision.actions if isinstance(a, A.Promote)]
+
+
+def test_finish_points_rw_endpoint_and_repoints_others() -> None:
+    spec, view, status = _primary_dies(lsns={1: 900, 2: 950})
+    s1 = decide(spec, view, status).status
+    s2 = decide(spec, later(view, 6), s1).status
+    fenced = with_members(later(view, 6), replace(view.members[0], fenced=True))
+    s3 = decide(spec, fenced, s2).status
+    promoted = with_members(fenced, replace(view.members[2], role=Role.PRIMARY, timeline=2, upstream=None))
+    done = decide(spec, promoted, s3)
+    assert done.status.current_primary == "pg-2" and done.status.timeline == 2
+    assert done.status.operation is None
+    names = [(type(a).__name__, getattr(a, "member", None)) for a in done.actions]
+    assert ("SetPrimary", "pg-2") in names and ("Rejoin", "pg-0") in names and ("Rejoin", "pg-1") in names
+
+
+def test_deciding_twice_gives_the_same_answer() -> None:
+    spec, view, status = _primary_dies()
+    assert decide(spec, later(view, 9), status) == decide(spec, later(view, 9), status)

@@ -1,0 +1,198 @@
+"""Scaling, bootstrap, majority failure and restore, backups, pause and deletion."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+from pgherd.api.cluster import Phase
+from pgherd.engine import (
+    BackupView,
+    ClusterView,
+    EngineStatus,
+    JobKind,
+    JobState,
+    JobView,
+    RestoreView,
+    decide,
+)
+from pgherd.engine import actions as A
+from pgherd.engine.quorum import SyncConfig
+
+from .builders import CLUSTER, NOW, down, later, lost_primary, make_spec, replica, settled, with_members
+
+STORE = {"store": {"s3": {"bucket": "bkt", "credentials": {"secretName": "s3"}}}}
+
+
+def test_new_cluster_initdb_then_first_primary() -> None:
+    spec = make_spec()
+    d1 = decide(spec, ClusterView(CLUSTER, NOW), EngineStatus())
+    assert d1.phase is Phase.CREATING
+    assert [type(a) for a in d1.actions] == [A.CreateMember]
+    assert d1.actions[0].seed is A.Seed.INITDB  # type: ignore[union-attr]
+
+
+def test_bootstrap_from_a_backup_not_yet_completed_is_pending() -> None:
+    spec = make_spec(bootstrap={"fromBackup": {"backup": "nightly"}})
+    view = ClusterView(CLUSTER, NOW, backups=(BackupView("nightly", phase="Running"),))
+    decision = decide(spec, view, EngineStatus())
+    assert decision.phase is Phase.PENDING and decision.actions == ()
+
+
+def test_scale_up_creates_members_and_admits_them_through_safe_sync_steps() -> None:
+    spec, view, status = settled()
+    spec = make_spec(instances=5)
+    d1 = decide(spec, view, status)
+    assert d1.phase is Phase.SCALING
+    created = [a.member for a in d1.actions if isinstance(a, A.CreateMember)]
+    assert created == ["pg-3", "pg-4"]
+    view = with_members(view, replica(3, spec), replica(4, spec))
+    d2 = decide(spec, view, d1.status)
+    sync = [a for a in d2.actions if isinstance(a, A.SetSynchronousStandbys)]
+    assert sync and sync[0].config == SyncConfig(2, frozenset({"pg-1", "pg-2", "pg-3"}))
+    assert "pg-3" not in d2.status.voters  # raise k and widen first, count the member after
+
+
+def _run(spec, view, status, steps=20, stop=None):  # type: ignore[no-untyped-def]
+    """Drive decide() with a primary that applies sync changes and members that get deleted."""
+    seen: list[A.Action] = []
+    for step in range(steps):
+        d = decide(spec, later(view, step), status)
+        seen += d.actions
+        status = d.status
+        primary = view.member(status.current_primary)
+        if status.sync_pending is not None and primary is not None:
+            view = with_members(view, replace(primary, sync=status.sync_pending))
+        gone = {a.member for a in d.actions if isinstance(a, A.DeleteMember)}
+        view = replace(view, members=tuple(m for m in view.members if m.name not in gone))
+        if stop is not None and stop(d):
+            break
+    return seen, status
+
+
+def test_scale_down_removes_highest_ordinals_after_quorum_steps_and_drops_slots() -> None:
+    spec, view, status = settled(make_spec(instances=5))
+    seen, status = _run(make_spec(instances=3), view, status)
+    deleted = [a.member for a in seen if isinstance(a, A.DeleteMember)]
+    dropped = [a.slot for a in seen if isinstance(a, A.DropReplicationSlot)]
+    assert deleted == ["pg-4", "pg-3"] and dropped == ["pg-4", "pg-3"]
+    assert status.voters == {"pg-0", "pg-1", "pg-2"}
+    assert status.sync == SyncConfig(1, frozenset({"pg-1", "pg-2"}))
+
+
+def test_scale_down_switches_over_first_when_the_primary_is_removed() -> None:
+    spec, view, status = settled(make_spec(instances=5), primary_ordinal=4)
+    seen, status = _run(
+        make_spec(instances=3),
+        view,
+        status,
+        stop=lambda d: d.actions and any(isinstance(a, A.Fence) for a in d.actions),
+    )
+    assert not [a for a in seen if isinstance(a, A.DeleteMember) and a.member == "pg-4"]
+    assert A.Fence("pg-4", reason="switchover") in seen
+
+
+def _quorum_lost(spec_fields: dict[str, object]):  # type: ignore[no-untyped-def]
+    spec, view, status = settled(make_spec(**spec_fields))
+    members = [down(view.members[0]), down(view.members[1]), lost_primary(view.members[2])]
+    return spec, with_members(view, *members), status
+
+
+def test_quorum_lost_waits_and_never_promotes() -> None:
+    spec, view, status = _quorum_lost({})
+    d = decide(spec, view, status)
+    for seconds in (10, 100, 1000):
+        d = decide(spec, later(view, seconds), d.status)
+        assert d.phase is Phase.QUORUM_LOST
+        assert not [a for a in d.actions if isinstance(a, A.Promote | A.StartRestore | A.Fence)]
+
+
+def test_quorum_loss_restores_from_latest_backup_when_asked() -> None:
+    spec, view, status = _quorum_lost({"backup": STORE, "recovery": {"onQuorumLoss": "RestoreFromBackup"}})
+    view = replace(
+        view,
+        backups=(
+            BackupView("old", phase="Completed", completed_at=NOW - timedelta(days=2)),
+            BackupView("new", phase="Completed", completed_at=NOW - timedelta(days=1)),
+        ),
+    )
+    d = decide(spec, view, status)
+    assert d.phase is Phase.QUORUM_LOST and "restoring from backup in" in d.message
+    d = decide(spec, later(view, 30), d.status)
+    assert d.phase is Phase.RECOVERING
+    assert {a.member for a in d.actions if isinstance(a, A.Fence)} == {"pg-0", "pg-1", "pg-2"}
+    fenced = with_members(later(view, 31), *[replace(m, fenced=True) for m in view.members])
+    d = decide(spec, fenced, d.status)
+    restore = [a for a in d.actions if isinstance(a, A.StartRestore)]
+    assert len(restore) == 1 and restore[0].backup == "new" and restore[0].member == "pg-0"
+
+
+def test_restore_object_drives_its_phases() -> None:
+    spec, view, status = settled(make_spec(backup=STORE))
+    view = replace(
+        view,
+        backups=(BackupView("b1", phase="Completed", completed_at=NOW),),
+        restores=(RestoreView("r1", backup="b1"),),
+    )
+    d = decide(spec, view, status)
+    assert d.phase is Phase.RESTORING
+    assert A.UpdateRestore("r1", "Fencing") in d.actions
+    fenced = with_members(view, *[replace(down(m), fenced=True) for m in view.members])
+    fenced = replace(fenced, restores=(RestoreView("r1", backup="b1", phase="Fencing"),))
+    d = decide(spec, fenced, d.status)
+    assert [type(a) for a in d.actions] == [A.UpdateRestore, A.StartRestore]
+    job = JobView(JobKind.RESTORE, "r1", JobState.FAILED, member="pg-0", message="checksum mismatch")
+    failed = decide(spec, replace(fenced, jobs=(job,)), d.status)
+    assert failed.phase is Phase.FAILED
+    assert A.UpdateRestore("r1", "Failed", error="checksum mismatch") in failed.actions
+
+
+def test_restore_of_a_missing_backup_fails_the_restore() -> None:
+    spec, view, status = settled(make_spec(backup=STORE))
+    view = replace(view, restores=(RestoreView("r1", backup="nope"),))
+    d = decide(spec, view, status)
+    assert [type(a) for a in d.actions] == [A.UpdateRestore] and d.actions[0].phase == "Failed"  # type: ignore[union-attr]
+
+
+def test_backup_prefers_a_streaming_standby_and_prunes_after_success() -> None:
+    spec, view, status = settled(make_spec(backup={**STORE, "retention": {"keepLast": 3}}), lsns={1: 990})
+    view = replace(view, backups=(BackupView("b1"),))
+    d = decide(spec, view, status)
+    assert A.StartSnapshot("b1", "pg-2", reason="Backup requested") in d.actions
+    running = replace(
+        view,
+        backups=(BackupView("b1", phase="Running", source_member="pg-2"),),
+        jobs=(JobView(JobKind.SNAPSHOT, "b1", JobState.SUCCEEDED, member="pg-2"),),
+    )
+    d = decide(spec, running, d.status)
+    assert [type(a) for a in d.actions] == [A.UpdateBackup, A.Prune]
+
+
+def test_backup_target_primary() -> None:
+    spec, view, status = settled(make_spec(backup=STORE))
+    view = replace(view, backups=(BackupView("b1", target="primary"),))
+    d = decide(spec, view, status)
+    assert A.StartSnapshot("b1", "pg-0", reason="Backup requested") in d.actions
+
+
+def test_scheduled_backup_is_created_when_due() -> None:
+    spec, view, status = settled(make_spec(backup={**STORE, "schedule": "0 3 * * *"}))
+    d = decide(spec, view, status)
+    assert d.status.last_scheduled_backup == NOW and not d.actions
+    d = decide(spec, later(view, 3600 * 24), d.status)
+    assert [a for a in d.actions if isinstance(a, A.CreateBackup)] == [
+        A.CreateBackup("pg-202601020300", reason="schedule 0 3 * * *")
+    ]
+
+
+def test_paused_observes_only() -> None:
+    spec, view, status = settled(make_spec(paused=True))
+    view = with_members(view, down(view.members[0]))
+    d = decide(spec, later(view, 600), status)
+    assert d.phase is Phase.PAUSED and d.actions == () and d.status == status
+
+
+def test_deleting() -> None:
+    spec, view, status = settled()
+    d = decide(spec, replace(view, deleting=True), status)
+    assert d.phase is Phase.DELETING and d.actions == ()

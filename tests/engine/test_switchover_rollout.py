@@ -1,0 +1,109 @@
+"""Switchover and the ordered rolling update."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from pgherd.api.cluster import Phase
+from pgherd.engine import Role, decide
+from pgherd.engine import actions as A
+from pgherd.engine.revision import spec_revision
+
+from .builders import later, make_spec, settled, with_members
+
+
+def test_requested_switchover_drains_then_promotes_caught_up_target() -> None:
+    spec, view, status = settled()
+    view = replace(view, switchover_to="pg-1")
+    d1 = decide(spec, view, status)
+    assert d1.phase is Phase.SWITCHING_OVER
+    assert [type(a) for a in d1.actions] == [A.Fence]
+    assert d1.status.operation is not None and d1.status.operation.target == "pg-1"
+    # Clean stop: the adapter reports the final WAL end; pg-1 has it all.
+    old = replace(view.members[0], fenced=True, reachable=False, role=Role.UNKNOWN, received_lsn=1000)
+    d2 = decide(spec, with_members(view, old), d1.status)
+    assert [type(a) for a in d2.actions] == [A.SetSynchronousStandbys, A.Promote]
+    assert d2.actions[1].member == "pg-1"  # type: ignore[union-attr]
+
+
+def test_switchover_waits_for_exact_catch_up_and_abandons_without_promoting() -> None:
+    spec, view, status = settled()
+    view = replace(view, switchover_to="pg-1")
+    d1 = decide(spec, view, status)
+    old = replace(view.members[0], fenced=True, reachable=False, role=Role.UNKNOWN, received_lsn=1200)
+    lagging = replace(view.members[1], wal_receiver_streaming=False)
+    d2 = decide(spec, with_members(view, old, lagging), d1.status)
+    assert d2.actions == () and "catch up" in d2.message
+    d3 = decide(spec, with_members(later(view, 60), old, lagging), d2.status)
+    assert [type(a) for a in d3.actions] == [A.Unfence, A.SetPrimary]
+    assert d3.status.current_primary == "pg-0" and d3.status.operation is None
+
+
+def test_target_that_does_not_stream_is_refused() -> None:
+    """A member that just rejoined and is not streaming yet is never a switchover target."""
+    spec, view, status = settled()
+    rejoined = replace(view.members[1], wal_receiver_streaming=False, ready=False)
+    decision = decide(spec, replace(with_members(view, rejoined), switchover_to="pg-1"), status)
+    assert not [a for a in decision.actions if isinstance(a, A.Fence)]
+
+
+def test_rollout_records_plan_then_restarts_most_lagging_replica_first() -> None:
+    old_spec, view, status = settled(lsns={1: 990, 2: 900})
+    spec = make_spec(image="img:2")
+    decision = decide(spec, view, status)
+    assert decision.phase is Phase.UPGRADING
+    operation = decision.status.operation
+    assert operation is not None and operation.plan == ("pg-2", "pg-1", "pg-0")
+    assert decision.actions == (A.RestartMember("pg-2", spec_revision(spec), reason=operation.reason),)
+
+
+def test_rollout_waits_for_each_member_then_switches_over_and_restarts_old_primary_last() -> None:
+    _, view, status = settled()
+    spec = make_spec(image="img:2")
+    revision = spec_revision(spec)
+    d = decide(spec, view, status)
+    restarted: list[str] = []
+    for _ in range(12):
+        acts = [a for a in d.actions if isinstance(a, A.RestartMember)]
+        restarted += [a.member for a in acts]
+        members = []
+        for m in view.members:
+            if m.name in restarted:
+                m = replace(m, revision=revision)
+            members.append(m)
+        if any(isinstance(a, A.Fence) for a in d.actions):
+            break
+        view = with_members(later(view, 1), *members)
+        d = decide(spec, view, d.status)
+    assert restarted == ["pg-1", "pg-2"]
+    assert d.phase is Phase.SWITCHING_OVER
+    assert not [a for a in d.actions if isinstance(a, A.RestartMember) and a.member == "pg-0"]
+
+
+def test_rollout_waits_for_a_down_member_then_aborts_and_reports() -> None:
+    _, view, status = settled()
+    spec = make_spec(image="img:2")
+    started = decide(spec, view, status)  # restarts pg-1 first
+    revision = spec_revision(spec)
+    back = replace(view.members[1], revision=revision)
+    gone = replace(view.members[2], ready=False, wal_receiver_streaming=False)
+    view = with_members(view, back)
+    d1 = decide(spec, view, started.status)  # pg-1 done; next would be pg-2... which now fails
+    assert d1.status.operation is not None
+    d2 = decide(spec, with_members(later(view, 1), gone), d1.status)
+    assert not [a for a in d2.actions if isinstance(a, A.RestartMember) and a.member != "pg-2"]
+    d3 = decide(spec, with_members(later(view, 700), gone), d2.status)
+    d4 = decide(spec, with_members(later(view, 1400), gone), d3.status)
+    assert d4.phase is Phase.FAILED
+    assert d4.status.aborted is not None and d4.status.aborted.failed
+    # The primary is never restarted as a fallback.
+    assert not [a for d in (d1, d2, d3, d4) for a in d.actions if getattr(a, "member", "") == "pg-0"]
+
+
+def test_restart_method_restarts_primary_in_place_last() -> None:
+    _, view, status = settled()
+    spec = make_spec(image="img:2", upgrade={"primaryUpdateMethod": "restart"})
+    revision = spec_revision(spec)
+    updated = [replace(m, revision=revision) for m in view.members[1:]]
+    d = decide(spec, with_members(view, *updated), status)
+    assert [(type(a), getattr(a, "member", None)) for a in d.actions] == [(A.RestartMember, "pg-0")]
