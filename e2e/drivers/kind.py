@@ -26,6 +26,7 @@ Credentials come from the Secret `<cluster>-app` (keys username, password, dbnam
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -35,6 +36,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
@@ -154,9 +156,11 @@ class PodForwarder:
 class ServiceProxy:
     """A local TCP listener whose every connection is piped to the pod currently behind a Service."""
 
-    def __init__(self, kube: Kube, namespace: str, service: str, forwarder: Any) -> None:
+    def __init__(
+        self, kube: Kube, namespace: str, service: str, forwarder: Callable[[str], PodForwarder]
+    ) -> None:
         self.kube, self.namespace, self.service = kube, namespace, service
-        self._forwarder = forwarder  # Callable[[str], PodForwarder]
+        self._forwarder = forwarder
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = int(self._listener.getsockname()[1])
         self._closed = threading.Event()
@@ -397,8 +401,6 @@ class KindDriver(PollingDriver):
 
     def _dsn(self, port: int) -> str:
         if self._credentials is None:
-            import base64
-
             secret = self.kube.json("-n", self.namespace, "get", "secret", f"{self.cluster}-app")
             data = secret.get("data") or {}
             self._credentials = {k: base64.b64decode(v).decode() for k, v in data.items()}

@@ -236,10 +236,19 @@ class ModelCluster:
         node.final_known = False
         node.running = node.restarting_to is None
 
+    def _do_Demote(self, a: A.Demote) -> None:
+        node = self._node(a.member)
+        if node is None or not node.fenced or node.restarting_to is not None:
+            return
+        node.role = Role.REPLICA
+        node.upstream = None
+        node.running = True
+
     def _do_Promote(self, a: A.Promote) -> None:
         node = self._node(a.member)
-        if node is None or not node.running or node.fenced or node.role is Role.PRIMARY:
+        if node is None or not node.running or node.role is Role.PRIMARY:
             return
+        node.fenced = False
         node.role = Role.PRIMARY
         node.timeline = self.next_timeline
         self.next_timeline += 1

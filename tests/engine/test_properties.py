@@ -107,7 +107,11 @@ class ClusterMachine(RuleBasedStateMachine):
                 "promote beside a primary"
             )
             voters = before.voters
-            reachable = [m for m in view.members if m.name in voters and m.reachable and not m.fenced]
+            reachable = [
+                m
+                for m in view.members
+                if m.name in voters and m.reachable and (not m.fenced or m.role is Role.REPLICA)
+            ]
             me = view.member(action.member)
             old = view.member(before.current_primary)
             drained = (  # a switchover's cleanly stopped primary, whose WAL the target has in full

@@ -71,7 +71,7 @@ def _run(spec, view, status, steps=20, stop=None):  # type: ignore[no-untyped-de
 
 
 def test_scale_down_removes_highest_ordinals_after_quorum_steps_and_drops_slots() -> None:
-    spec, view, status = settled(make_spec(instances=5))
+    _, view, status = settled(make_spec(instances=5))
     seen, status = _run(make_spec(instances=3), view, status)
     deleted = [a.member for a in seen if isinstance(a, A.DeleteMember)]
     dropped = [a.slot for a in seen if isinstance(a, A.DropReplicationSlot)]
@@ -81,7 +81,7 @@ def test_scale_down_removes_highest_ordinals_after_quorum_steps_and_drops_slots(
 
 
 def test_scale_down_switches_over_first_when_the_primary_is_removed() -> None:
-    spec, view, status = settled(make_spec(instances=5), primary_ordinal=4)
+    _, view, status = settled(make_spec(instances=5), primary_ordinal=4)
     seen, status = _run(
         make_spec(instances=3),
         view,

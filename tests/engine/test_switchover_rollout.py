@@ -48,7 +48,7 @@ def test_target_that_does_not_stream_is_refused() -> None:
 
 
 def test_rollout_records_plan_then_restarts_most_lagging_replica_first() -> None:
-    old_spec, view, status = settled(lsns={1: 990, 2: 900})
+    _, view, status = settled(lsns={1: 990, 2: 900})
     spec = make_spec(image="img:2")
     decision = decide(spec, view, status)
     assert decision.phase is Phase.UPGRADING

@@ -70,6 +70,16 @@ class Fence:
 
 
 @dataclass(frozen=True)
+class Demote:
+    """Start a fenced member read-only, as a standby with no upstream (standby.signal, no
+    primary_conninfo), still fenced: it keeps its WAL and can be counted and chosen by a failover
+    while no primary is available. No-op when it already runs as a standby."""
+
+    member: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class Unfence:
     """Start a fenced member again in the role it had (and its rw endpoint when it is the primary):
     resumes a primary whose switchover was abandoned before anything was promoted."""
@@ -80,7 +90,7 @@ class Unfence:
 
 @dataclass(frozen=True)
 class Promote:
-    """pg_promote() on a replica (a no-op when it is already primary)."""
+    """pg_promote() on a replica (a no-op when it is already primary); clears ``fenced``."""
 
     member: str
     reason: str = ""
@@ -202,6 +212,7 @@ Action = (
     | DeleteMember
     | RestartMember
     | Fence
+    | Demote
     | Unfence
     | Promote
     | SetPrimary

@@ -56,7 +56,9 @@ class Context:
         return majority(len(self.status.voters))
 
     def reachable_voters(self) -> list[MemberView]:
-        return [m for m in self.voter_views() if m.reachable and not m.fenced]
+        """Voters the operator reaches that cannot write behind its back: unfenced members, and
+        fenced ones running read-only as standbys (Demote)."""
+        return [m for m in self.voter_views() if m.reachable and (not m.fenced or m.role is Role.REPLICA)]
 
     def lag(self, member: MemberView) -> int | None:
         """Bytes behind the primary; None when unknown (unreachable, or no primary)."""

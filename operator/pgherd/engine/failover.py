@@ -20,15 +20,18 @@ from dataclasses import replace
 
 from pgherd.api.cluster import Phase
 from pgherd.engine import recovery
-from pgherd.engine.actions import Action, Fence, Promote, Rejoin, SetPrimary, SetSynchronousStandbys
-from pgherd.engine.context import Context, Outcome, by_most_data, is_replica
+from pgherd.engine.actions import Action, Demote, Fence, Promote, Rejoin, SetPrimary, SetSynchronousStandbys
+from pgherd.engine.context import Context, Outcome, by_most_data
 from pgherd.engine.quorum import failover_keeps_commits, steady_config
 from pgherd.engine.status import Operation, OperationKind
-from pgherd.engine.view import MemberView
+from pgherd.engine.view import MemberView, Role
 
 
 def eligible(ctx: Context, old: str | None) -> list[MemberView]:
     """Reachable replicas among the voters, on the timeline of the failed primary, best first.
+
+    The failed primary itself qualifies once fenced and started read-only (Demote): it then holds every
+    commit it acknowledged and cannot write.
 
     A member on an older timeline (an earlier primary not yet rejoined) reports LSNs of another
     history: it is neither a candidate nor counted as holding the acknowledged commits.
@@ -36,9 +39,23 @@ def eligible(ctx: Context, old: str | None) -> list[MemberView]:
     members = [
         m
         for m in ctx.voter_views()
-        if m.name != old and is_replica(m) and m.received_lsn is not None and ctx.on_current_timeline(m)
+        if m.reachable
+        and m.role is Role.REPLICA
+        and (m.name != old or m.fenced)  # the old primary only once fenced and running read-only
+        and m.received_lsn is not None
+        and ctx.on_current_timeline(m)
     ]
     return sorted(members, key=by_most_data)
+
+
+def standby_starts(ctx: Context) -> tuple[Action, ...]:
+    """While no primary is available, start fenced members read-only (Demote): their WAL then counts
+    for the majority and for the choice of the new primary, and they still cannot write."""
+    return tuple(
+        Demote(m.name, reason="no primary: keep its WAL available, read-only")
+        for m in ctx.view.existing()
+        if m.fenced and not (m.reachable and m.role is Role.REPLICA)
+    )
 
 
 def unsafe_reason(ctx: Context, old: str | None, reachable: list[MemberView]) -> str | None:
@@ -59,7 +76,15 @@ def unsafe_reason(ctx: Context, old: str | None, reachable: list[MemberView]) ->
 
 def assess(ctx: Context) -> Outcome:
     """The recorded primary is not a healthy primary and no operation runs: wait, fail over, or
-    report the quorum lost."""
+    report the quorum lost (fenced members are started read-only meanwhile)."""
+    outcome = _assess(ctx)
+    operation = outcome.status.operation
+    if operation is None or (operation.kind is OperationKind.FAILOVER and operation.step == "fence"):
+        outcome = replace(outcome, actions=outcome.actions + standby_starts(ctx))
+    return outcome
+
+
+def _assess(ctx: Context) -> Outcome:
     status = ctx.status
     old = status.current_primary
     since = status.primary_lost_since or ctx.now
@@ -117,8 +142,12 @@ def advance(ctx: Context, operation: Operation) -> Outcome:
         problem = unsafe_reason(ctx, old, reachable)
         if problem is not None:
             if len(ctx.reachable_voters()) < ctx.needed():
-                return recovery.on_quorum_loss(ctx, f"failover from {old} waits for a majority")
-            return Outcome(Phase.FAILING_OVER, status, message=f"waiting to promote: {problem}")
+                outcome = recovery.on_quorum_loss(ctx, f"failover from {old} waits for a majority")
+            else:
+                outcome = Outcome(Phase.FAILING_OVER, status, message=f"waiting to promote: {problem}")
+            if outcome.status.operation is operation:
+                outcome = replace(outcome, actions=outcome.actions + standby_starts(ctx))
+            return outcome
         operation = replace(operation, target=reachable[0].name).at("promote", ctx.now)
         ctx = replace(ctx, status=replace(status, operation=operation))
     if operation.step == "promote":

@@ -125,11 +125,20 @@ class LocalJobs:
                 found.append(Job(JobKind(kind_text), name, folder))
         return found
 
+    def task(self, name: str) -> Job:
+        """A side task (verify, prune): run like a job, but not one the engine follows."""
+        return Job(JobKind.SNAPSHOT, name, self.paths.jobs / f"task-{name}")
+
+    def start_task(self, name: str, command: Sequence[str], env: Mapping[str, str], **meta: Any) -> Job:
+        return self._launch(self.task(name), command, env, **meta)
+
     def start(
         self, kind: JobKind, name: str, command: Sequence[str], env: Mapping[str, str], **meta: Any
     ) -> Job:
         """Start the job unless it already exists (starting twice is a no-op, as the engine expects)."""
-        job = self.job(kind, name)
+        return self._launch(self.job(kind, name), command, env, **meta)
+
+    def _launch(self, job: Job, command: Sequence[str], env: Mapping[str, str], **meta: Any) -> Job:
         if (job.folder / "job.json").exists():
             return job
         job.folder.mkdir(parents=True, exist_ok=True)

@@ -744,8 +744,11 @@ class LocalPlatform:
                     size=_human(summary.get("size")),
                     storedSize=_human(summary.get("stored_size")),
                     storePath=f"{self.state.store_url}/{self.state.cluster}/{summary.get('system_id')}/snapshots/{summary.get('id')}/",
-                    verified=True,
                 )
+                if action.phase == "Completed" and summary.get("id"):
+                    # `verified` means what it says: every object re-read and checked, by a verify task.
+                    command = [self.agent, "verify", "--store", self.state.store_url, "--cluster", self.state.cluster]
+                    self.jobs.start_task(f"verify-{action.name}", [*command, str(summary["id"])], self.pg_env())
         self.objects.update_status("Backup", action.name, **fields)
 
     def _do_UpdateRestore(self, action: act.UpdateRestore, spec: PostgresClusterSpec) -> None:
@@ -768,7 +771,7 @@ class LocalPlatform:
         if action.keep_within is not None:
             command += ["--keep-within", action.keep_within]
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-        self.jobs.start(JobKind.SNAPSHOT, f"prune{stamp}", command, self.pg_env(), prune=True)
+        self.jobs.start_task(f"prune-{stamp}", command, self.pg_env())
 
     def _do_RecordEvent(self, action: act.RecordEvent, spec: PostgresClusterSpec) -> None:
         kind = "Warning" if action.warning else "Normal"
@@ -793,6 +796,22 @@ class LocalPlatform:
             member.save(self.paths)
             job.set_meta(started=True)
             self._spawn(name, "start restored", lambda n=name: self._start(n))  # type: ignore[misc]
+
+    def advance_verifications(self) -> None:
+        """Record the outcome of each verify task on its Backup (verified true/false)."""
+        for item in self.objects.backups():
+            status = item.get("status") or {}
+            if status.get("phase") != "Completed" or status.get("verified") is not None:
+                continue
+            task = self.jobs.task(f"verify-{item['metadata']['name']}")
+            if task.rc is None:
+                continue
+            if task.rc == 0:
+                self.objects.update_status("Backup", item["metadata"]["name"], verified=True)
+            else:
+                self.objects.update_status(
+                    "Backup", item["metadata"]["name"], verified=False, error=f"verify failed: {task.error_text()}"
+                )
 
     def stop_all(self) -> None:
         for name in list(self.members):

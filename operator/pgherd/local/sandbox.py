@@ -209,6 +209,7 @@ class Sandbox:
                     "phase": (b.get("status") or {}).get("phase", "Pending"),
                     "backupId": (b.get("status") or {}).get("backupId"),
                     "size": (b.get("status") or {}).get("size"),
+                    "verified": (b.get("status") or {}).get("verified"),
                     "error": (b.get("status") or {}).get("error"),
                 }
                 for b in objects.backups()

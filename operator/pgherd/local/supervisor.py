@@ -125,6 +125,7 @@ class Supervisor:
         if not spec.paused:
             self.platform.keep_running(spec)
             self.platform.advance_restores(spec)
+            self.platform.advance_verifications()
         target = self.switchover_target()
         view, seen = self.platform.view(spec, target)
         decision = decide(spec, view, status)
