@@ -134,6 +134,7 @@ class Result:
     label: str
     failovers: list[float] = field(default_factory=list)
     switchovers: list[float] = field(default_factory=list)
+    promoted: int = 0  # kills after which another member was primary
     acked: int = 0
     lost: int = 0
     errors: list[str] = field(default_factory=list)
@@ -178,8 +179,13 @@ def measure(system: System, runs: int, log: Callable[[str], None], result: Resul
             killed_at = time.monotonic()
             first = _wait_for_write(load, killed_at, FAILOVER_TIMEOUT, begun_after=True)
             result.failovers.append(first.ended - killed_at)
+            # Writes may come back because the killed member was restarted in place (still primary), not
+            # because a replica was promoted: count the real failovers.
+            now_primary = system.primary()
+            result.promoted += now_primary not in (None, old)
             log(
                 f"[{system.label}] failover {run}/{runs}: {old} killed, writes back after {result.failovers[-1]:.2f} s"
+                f" on {now_primary}{'' if now_primary != old else ' (restarted in place: no failover)'}"
             )
             system.after_failover(old)
         for run in range(1, runs + 1):
@@ -214,10 +220,14 @@ def print_table(results: list[Result], mode: str, detection_seconds: int) -> Non
     print()
     print(f"replication mode: {mode}; pgherd failover.detectionSeconds: {detection_seconds}")
     print(
-        f"{'system':<17} {'failover s (min/med/max)':>26} {'switchover gap s (min/med/max)':>32} {'acked':>8} {'lost':>5}"
+        f"{'system':<17} {'failover s (min/med/max)':>26} {'promoted':>9}"
+        f" {'switchover gap s (min/med/max)':>32} {'acked':>8} {'lost':>5}"
     )
     for r in results:
-        print(f"{r.label:<17} {_stats(r.failovers):>26} {_stats(r.switchovers):>32} {r.acked:>8} {r.lost:>5}")
+        promoted = f"{r.promoted}/{len(r.failovers)}"
+        print(
+            f"{r.label:<17} {_stats(r.failovers):>26} {promoted:>9} {_stats(r.switchovers):>32} {r.acked:>8} {r.lost:>5}"
+        )
         for error in r.errors:
             print(f"  error: {error}")
     base = next((r for r in results if r.label == "pgherd" and r.failovers), None)

@@ -10,23 +10,16 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
-from e2e.driver import Driver, Manifest, healthy
+from e2e.driver import Driver, Manifest, NewCluster, healthy
 from e2e.workload import ensure_table
 
 DRIVER_ENV = "PGHERD_E2E_DRIVER"
 CREATE_TIMEOUT = 300.0
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    e2e_root = Path(__file__).parent
-    for item in items:
-        if e2e_root in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -52,9 +45,6 @@ def make_driver(workdir: Path, cluster_name: str) -> Driver:
 
         return KindDriver(workdir, cluster_name)
     raise pytest.UsageError(f"{DRIVER_ENV}={kind!r}: choose local or kind")
-
-
-NewCluster = Callable[[Manifest], Driver]
 
 
 @pytest.fixture(scope="session")

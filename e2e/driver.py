@@ -121,6 +121,10 @@ class Driver(Protocol):
         ...
 
 
+# The `new_cluster` fixture: create a cluster from a manifest, wait until it is healthy, return its driver.
+NewCluster = Callable[[Manifest], Driver]
+
+
 class PollingDriver:
     """What drivers share: wait_for over status(), and helpers on the normalised status."""
 

@@ -11,9 +11,10 @@ import pytest
 
 from e2e import manifests
 from e2e.checks import execute, insert_ids, missing_on, scalar, wait_ids_on_member
-from e2e.conftest import NewCluster
-from e2e.driver import Driver, backup_phase, healthy, restore_phase
+from e2e.driver import Driver, NewCluster, backup_phase, healthy, restore_phase
 from e2e.workload import present_ids
+
+pytestmark = pytest.mark.e2e
 
 NAME = "e2e-pitr"
 BACKUP = "e2e-pitr-base"

@@ -9,8 +9,9 @@ import pytest
 
 from e2e import manifests
 from e2e.checks import in_recovery, insert_ids, scalar, wait_ids_on_member
-from e2e.conftest import NewCluster
-from e2e.driver import Driver, ManifestRefused, condition, healthy, replicas
+from e2e.driver import Driver, ManifestRefused, NewCluster, condition, healthy, replicas
+
+pytestmark = pytest.mark.e2e
 
 NAME = "e2e-create"
 

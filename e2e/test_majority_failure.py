@@ -6,15 +6,17 @@ member, and writable."""
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 import pytest
 
 from e2e import manifests
 from e2e.checks import insert_ids, wait_ids_on_member
-from e2e.conftest import NewCluster
-from e2e.driver import Driver, backup_phase, healthy, replicas, restore_phase
+from e2e.driver import Driver, NewCluster, backup_phase, healthy, replicas, restore_phase
 from e2e.workload import present_ids
+
+pytestmark = pytest.mark.e2e
 
 NAME = "e2e-majority"
 CHOSEN = "e2e-majority-chosen"
@@ -42,8 +44,10 @@ def test_majority_loss_then_recovery_from_the_chosen_backup(cluster: Driver) -> 
     status = cluster.wait_for(healthy(3), 60, "a healthy cluster before the majority failure")
     primary = str(status["primary"])
     survivor, lost_replica = sorted(replicas(status))
-    cluster.kill(primary, wipe=True)
-    cluster.kill(lost_replica, wipe=True)
+    # Both at once: one after the other, the first loss would be failed over before the second.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for done in [pool.submit(cluster.kill, name, True) for name in (primary, lost_replica)]:
+            done.result()
 
     cluster.wait_for(lambda s: s.get("phase") == "QuorumLost", 60, "phase QuorumLost")
     # Nothing is promoted while the majority is gone, even once the wiped members are restarted empty.

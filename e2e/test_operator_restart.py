@@ -11,9 +11,10 @@ import pytest
 
 from e2e import manifests
 from e2e.checks import assert_no_acknowledged_write_lost, in_recovery, postmaster_started, setting
-from e2e.conftest import NewCluster
-from e2e.driver import ClusterStatus, Driver, healthy
+from e2e.driver import ClusterStatus, Driver, NewCluster, healthy
 from e2e.workload import WriteLoad
+
+pytestmark = pytest.mark.e2e
 
 NAME = "e2e-resume"
 OPERATOR_DOWN_SECONDS = 5.0

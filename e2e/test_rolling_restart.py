@@ -17,9 +17,10 @@ from e2e.checks import (
     postmaster_started,
     setting,
 )
-from e2e.conftest import NewCluster
-from e2e.driver import Driver, healthy
+from e2e.driver import Driver, NewCluster, healthy
 from e2e.workload import WriteLoad, WriteReport
+
+pytestmark = pytest.mark.e2e
 
 NAME = "e2e-rollout"
 ROLLOUT_TIMEOUT = 240.0

@@ -10,9 +10,10 @@ import pytest
 
 from e2e import manifests
 from e2e.checks import assert_no_acknowledged_write_lost, in_recovery, insert_ids, query, wait_ids_on_member
-from e2e.conftest import NewCluster
-from e2e.driver import Driver, healthy
+from e2e.driver import Driver, NewCluster, healthy
 from e2e.workload import WriteLoad
+
+pytestmark = pytest.mark.e2e
 
 NAME = "e2e-scale"
 SCALE_TIMEOUT = 240.0

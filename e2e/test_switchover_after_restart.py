@@ -14,9 +14,10 @@ import pytest
 
 from e2e import manifests
 from e2e.checks import assert_no_acknowledged_write_lost, wait_ids_on_member
-from e2e.conftest import NewCluster
-from e2e.driver import ClusterStatus, Driver, DriverError, healthy, member, replicas
+from e2e.driver import ClusterStatus, Driver, DriverError, NewCluster, healthy, member, replicas
 from e2e.workload import WriteLoad
+
+pytestmark = pytest.mark.e2e
 
 NAME = "e2e-race"
 TRIALS = 3

@@ -160,10 +160,12 @@ class _PullReader:
         while True:
             if self._d.eof:
                 return b""
-            data = self._pending_input() or self._source.read(1 << 20)
-            more_output = not getattr(self._d, "needs_input", True)
-            if not data and not more_output:
-                raise IntegrityError("the compressed stream ends early: it is truncated")
+            if not getattr(self._d, "needs_input", True):
+                data = b""  # output is still pending from the input already given: no more input yet
+            else:
+                data = self._pending_input() or self._source.read(1 << 20)
+                if not data:
+                    raise IntegrityError("the compressed stream ends early: it is truncated")
             out: bytes = self._d.decompress(data, size)
             if hasattr(self._d, "unconsumed_tail"):
                 self._input = self._d.unconsumed_tail

@@ -264,11 +264,12 @@ class Decompressor(threading.Thread):
 class QueueReader:
     def __init__(self, blocks: queue.Queue[bytes | BaseException | None]) -> None:
         self.blocks = blocks
-        self.pending = memoryview(b"")
+        self.item = b""
+        self.offset = 0
         self.eof = False
 
     def read(self, size: int = -1) -> bytes:
-        if not self.pending:
+        if self.offset >= len(self.item):
             if self.eof:
                 return b""
             item = self.blocks.get()
@@ -277,10 +278,14 @@ class QueueReader:
             if item is None:
                 self.eof = True
                 return b""
-            self.pending = memoryview(item)
-        size = len(self.pending) if size < 0 else size
-        chunk, self.pending = self.pending[:size], self.pending[size:]
-        return bytes(chunk)
+            self.item, self.offset = item, 0
+        if self.offset == 0 and (size < 0 or size >= len(self.item)):
+            self.offset = len(self.item)
+            return self.item  # the whole block: no copy
+        end = len(self.item) if size < 0 else self.offset + size
+        chunk = self.item[self.offset : end]
+        self.offset += len(chunk)
+        return chunk
 
 
 def sync_tree(root: Path, workers: int = 8) -> None:

@@ -107,3 +107,42 @@ def test_s3_lost_during_a_snapshot_leaves_no_complete_snapshot(
     assert agent("list", "--json").json() == []
     nothing = agent("restore", "--pgdata", str(tmp_path / "nothing"))
     assert nothing.returncode != 0 and "no complete snapshot" in nothing.stderr
+
+
+def test_an_interrupted_snapshot_cleans_up_and_is_never_listed(pg_factory, s3_store, agent):
+    import os
+    import signal
+
+    from pgherd_backup.restore import agent_executable
+
+    primary = pg_factory("primary").initdb().start()
+    random_blob_table(primary, megabytes=24)
+    proc = subprocess.Popen(
+        [
+            agent_executable(),
+            "snapshot",
+            "--source",
+            primary.dsn,
+            "--part-size",
+            "5",
+            "--object-size",
+            "8",
+            "--compression",
+            "lz4",
+            "--max-rate",
+            "8M",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **s3_store.env()},
+    )
+    deadline = time.monotonic() + 30
+    while not s3_store.keys("/snapshots/") and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the snapshot should still be running"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and "interrupted" in err and TRACEBACK not in err
+    assert s3_store.keys("/snapshots/") == [], "the objects of an interrupted snapshot are removed"
+    assert agent("list", "--json").json() == []

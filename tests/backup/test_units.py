@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import os
 import tarfile
-from pathlib import Path
 
 import pytest
 
@@ -93,11 +92,22 @@ def test_codecs_round_trip_and_detect_damage(name):
 
 def test_manifest_round_trip():
     manifest = Manifest(
-        id=snapshot_id(parse_time("2025-01-31T12:00:00.123+00:00")), cluster="c", system_id="7", timeline=1,
-        start_lsn="0/2000028", stop_lsn="0/2000100", start_wal="000000010000000000000002",
-        stop_wal="000000010000000000000002", start_time="2025-01-31T12:00:00+00:00",
-        stop_time="2025-01-31T12:00:01+00:00", pg_version="15.8", pg_major=15, compression="zstd",
-        source="standby", size=10, stored_size=5,
+        id=snapshot_id(parse_time("2025-01-31T12:00:00.123+00:00")),
+        cluster="c",
+        system_id="7",
+        timeline=1,
+        start_lsn="0/2000028",
+        stop_lsn="0/2000100",
+        start_wal="000000010000000000000002",
+        stop_wal="000000010000000000000002",
+        start_time="2025-01-31T12:00:00+00:00",
+        stop_time="2025-01-31T12:00:01+00:00",
+        pg_version="15.8",
+        pg_major=15,
+        compression="zstd",
+        source="standby",
+        size=10,
+        stored_size=5,
         objects=(DataObject("data/00000.tar.zst", 5, 10, "ab" * 32, (Part(5, "cd" * 32),)),),
     )
     assert manifest.id == "20250131T120000123Z"
@@ -108,7 +118,9 @@ def test_manifest_round_trip():
 
 def test_pgherd_settings_file(tmp_path):
     (tmp_path / "postgresql.conf").write_text("shared_buffers = 128MB\n")
-    write_pgherd_conf(tmp_path, {"port": 5433, "hot_standby": True, "primary_conninfo": "host=a password='x'"})
+    write_pgherd_conf(
+        tmp_path, {"port": 5433, "hot_standby": True, "primary_conninfo": "host=a password='x'"}
+    )
     update_pgherd_conf(tmp_path, {"port": 5434, "hot_standby": None})
     assert read_pgherd_conf(tmp_path) == {"port": "5434", "primary_conninfo": "host=a password='x'"}
     conf = (tmp_path / "postgresql.conf").read_text()

@@ -120,3 +120,23 @@ def test_finish_points_rw_endpoint_and_repoints_others() -> None:
 def test_deciding_twice_gives_the_same_answer() -> None:
     spec, view, status = _primary_dies()
     assert decide(spec, later(view, 9), status) == decide(spec, later(view, 9), status)
+
+
+def test_fenced_members_start_read_only_and_count_while_no_primary() -> None:
+    """A failover fenced the old primary, then lost its majority: fenced members are started
+    read-only (Demote) so that their WAL counts; the fenced old primary, with the most WAL, wins."""
+    spec, view, status = _primary_dies(lsns={0: 1000, 1: 900, 2: 900})
+    s1 = decide(spec, view, status).status
+    s2 = decide(spec, later(view, 6), s1).status  # Fence pg-0
+    fenced_old = replace(view.members[0], fenced=True)
+    lost = with_members(later(view, 7), fenced_old, down(view.members[1]))
+    d = decide(spec, lost, s2)
+    assert d.phase is Phase.QUORUM_LOST
+    assert A.Demote("pg-0", reason=d.actions[0].reason) in d.actions  # type: ignore[union-attr]
+    assert not [a for a in d.actions if isinstance(a, A.Promote)]
+    standby = replace(
+        fenced_old, reachable=True, role=Role.REPLICA, timeline=1, received_lsn=1000, replayed_lsn=1000
+    )
+    d2 = decide(spec, with_members(later(view, 8), standby, down(view.members[1])), d.status)
+    assert [type(a) for a in d2.actions] == [A.SetSynchronousStandbys, A.Promote]
+    assert d2.actions[1].member == "pg-0"  # type: ignore[union-attr]

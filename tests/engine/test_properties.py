@@ -181,6 +181,12 @@ class ClusterMachine(RuleBasedStateMachine):
         self.model.tick(seconds)
         self._operator_step(applied=applied)
 
+    @rule(seconds=st.sampled_from([10, 20, 45, 700]))
+    def long_wait(self, seconds: float) -> None:
+        """Time passes with no operator pass in between: detection, grace periods, step timeouts."""
+        self.model.tick(seconds)
+        self._operator_step(apply_all=True)
+
     @rule(receivers=st.sets(NODES, max_size=5))
     def commit(self, receivers: set[int]) -> None:
         names = self._names()

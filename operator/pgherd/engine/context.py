@@ -106,7 +106,3 @@ class Outcome:
     status: EngineStatus
     actions: tuple[Action, ...] = ()
     message: str = ""  # why it waits, or what it does
-
-
-def is_replica(member: MemberView) -> bool:
-    return member.reachable and member.role is Role.REPLICA and not member.fenced

@@ -79,6 +79,11 @@ def _route(ctx: Context) -> Outcome:
     ):
         return rollout.advance(ctx, operation)
     if ctx.healthy_primary() is None:
+        aborted = status.aborted
+        if aborted is not None and aborted.kind in _RECOVERY_KINDS:
+            # Member 0's data was moved aside by the failed restore: promote nothing on our own.
+            message = f"{aborted.kind} {aborted.restore} failed: {aborted.failed}; create a Restore to retry"
+            return Outcome(Phase.FAILED, status, message=message)
         return failover.assess(ctx)
     if status.aborted is not None and _cause_gone(ctx, status.aborted):
         ctx = replace(ctx, status=replace(status, aborted=None))

@@ -181,7 +181,7 @@ def promote_step(ctx: Context, operation: Operation, phase: Phase) -> Outcome:
             reason=f"{operation.target} vanished while being promoted",
         ).at("fence", ctx.now)
         return advance(replace(ctx, status=replace(status, operation=again)), again)
-    others = [m for m in ctx.reachable_voters() if m.name != operation.source]
+    others = [m for m in ctx.reachable_voters() if m.name == target.name or m.name != operation.source]
     drained = 1 if operation.final_lsn is not None else 0  # a switchover's source handed over its WAL
     if len(others) + drained < ctx.needed():
         # Decided with a majority; never (re-)issued without one.

@@ -145,7 +145,12 @@ def upkeep(ctx: Context, reclone: frozenset[str] = frozenset()) -> Upkeep:
     if settled and not status.complete:
         status = replace(status, complete=True)
     scaling = any(isinstance(a, DeleteMember) for a in actions) or set(status.voters) != expected
-    if not status.complete:
+    reachable, needed = len(ctx.reachable_voters()), ctx.needed()
+    if reachable < needed:
+        # The primary is up but cannot gather a quorum (writes wait in quorum mode): never promote.
+        phase = Phase.QUORUM_LOST
+        notes.insert(0, f"{reachable} of {len(status.voters)} members reachable, {needed} needed")
+    elif not status.complete:
         phase = Phase.CREATING
     elif scaling:
         phase = Phase.SCALING

@@ -114,9 +114,12 @@ def failover_keeps_commits(reachable: Iterable[str], primary: str, configs: Iter
     """Do the reachable replicas intersect every ack set of every configuration that may be in force?
 
     True when fewer than ``k`` of the listed standbys are unreachable: any ``k`` of them then include
-    a reachable one. With ``k = 0`` (asynchronous) nothing is guaranteed and the answer is False.
+    a reachable one. With ``k = 0`` (asynchronous) nothing is guaranteed and the answer is False, unless
+    the old primary is among the reachable (fenced, started read-only).
     """
     seen = frozenset(reachable)
+    if primary in seen:
+        return True  # the old primary itself, fenced and read-only: it holds every commit it acknowledged
     for config in configs:
         standbys = config.standbys - {primary}
         if config.k == 0 or len(standbys - seen) >= config.k:

@@ -97,6 +97,7 @@ class LocalPlatform:
         self.current_primary: str | None = None
         self._workers: dict[str, threading.Thread] = {}
         self._rejoin_asked: dict[str, float] = {}
+        self._repointed: dict[str, str] = {}
         self._observed: dict[str, Observation] = {}
         self._lock = threading.Lock()
         self._load_members()
@@ -147,16 +148,15 @@ class LocalPlatform:
             target_session_attrs="read-write",
         )
 
-    def replica_conninfo(self, name: str) -> str:
-        """primary_conninfo of a replica: every member's port, read-write only, so that it follows the
-        member the engine promoted, as a replica on Kubernetes follows the -rw Service."""
-        ports = [self.members[n].port for n in sorted(self.members) if n != name]
+    def replica_conninfo(self, name: str, upstream: str) -> str:
+        """primary_conninfo of a replica: exactly its upstream. (PostgreSQL's walreceiver does not fall
+        through a multi-host list the way libpq clients do, so a replica is re-pointed explicitly by a
+        Rejoin, as on Kubernetes it follows the -rw Service.)"""
         return self._dsn(
-            ports or self._all_ports(),
+            [self._port(upstream)],
             user="postgres",
             password=self.state.superuser_password,
             dbname="postgres",
-            target_session_attrs="read-write",
             application_name=name,
         )
 
@@ -262,6 +262,8 @@ class LocalPlatform:
                     return
                 self._rejoin(name, primary, reclone=False, spec=spec)
                 return
+            if standby and primary is not None and primary != name:
+                update_pgherd_conf(pgdata, {"primary_conninfo": self.replica_conninfo(name, primary)})
         self._start(name)
 
     def _reachable(self, name: str) -> bool:
@@ -293,7 +295,7 @@ class LocalPlatform:
             self.superuser_dsn(source),
             bins=self.bins,
             settings=self.settings(name, spec),
-            primary_conninfo=self.replica_conninfo(name),
+            primary_conninfo=self.replica_conninfo(name, source),
             restore_command=self.restore_command(),
         )
 
@@ -312,14 +314,16 @@ class LocalPlatform:
                 pgdata,
                 self.superuser_dsn(upstream),
                 bins=self.bins,
-                primary_conninfo=self.replica_conninfo(name),
+                primary_conninfo=self.replica_conninfo(name, upstream),
                 restore_command=self.restore_command(),
             )
             log.info(
                 "%s rejoined %s by %s", name, upstream, result.method if hasattr(result, "method") else result
             )
         update_pgherd_conf(pgdata, dict(self.settings(name, spec)))
-        write_standby_config(pgdata, self.replica_conninfo(name), restore_command=self.restore_command())
+        write_standby_config(
+            pgdata, self.replica_conninfo(name, upstream), restore_command=self.restore_command()
+        )
         member.fenced = False
         member.wanted = True
         member.save(self.paths)
@@ -345,6 +349,7 @@ class LocalPlatform:
             seen[name] = obs
             if obs.receiver_streaming:
                 self._rejoin_asked.pop(name, None)
+                self._repointed.pop(name, None)
             role = Role.UNKNOWN
             if obs.reachable:
                 role = Role.REPLICA if obs.in_recovery else Role.PRIMARY
@@ -567,7 +572,9 @@ class LocalPlatform:
             raise RuntimeError((result.stderr.strip().splitlines() or ["restore failed"])[-1])
         update_pgherd_conf(pgdata, dict(self.settings(name, spec)))
         if action.upstream:
-            write_standby_config(pgdata, self.replica_conninfo(name), restore_command=self.restore_command())
+            write_standby_config(
+                pgdata, self.replica_conninfo(name, action.upstream), restore_command=self.restore_command()
+            )
         give_to_pg(pgdata, recursive=True)
 
     def _do_DeleteMember(self, action: act.DeleteMember, spec: PostgresClusterSpec) -> None:
@@ -649,10 +656,15 @@ class LocalPlatform:
         clone_key = f"{action.upstream}@{upstream.timeline if upstream else None}"
         reclone = action.reclone and member.cloned_from != clone_key
         if obs is not None and obs.reachable and obs.in_recovery and not member.fenced and not reclone:
+            if self._repointed.get(action.member) != action.upstream:
+                self._repoint(action.member, action.upstream)
+                self._rejoin_asked[action.member] = time.time()
+                return
             asked = self._rejoin_asked.setdefault(action.member, time.time())
             if time.time() - asked < REJOIN_GRACE:
                 return
         self._rejoin_asked.pop(action.member, None)
+        self._repointed.pop(action.member, None)
 
         def rejoin() -> None:
             self._rejoin(action.member, action.upstream, reclone=reclone, spec=spec)
@@ -661,6 +673,15 @@ class LocalPlatform:
                 member.save(self.paths)
 
         self._spawn(action.member, "rejoin", rejoin)
+
+    def _repoint(self, name: str, upstream: str) -> None:
+        """Point a running replica at its new upstream: rewrite primary_conninfo and reload (the
+        walreceiver restarts on the new value; a timeline switch follows recovery_target_timeline)."""
+        pgdata = self.paths.member_data(name)
+        update_pgherd_conf(pgdata, {"primary_conninfo": self.replica_conninfo(name, upstream)})
+        postmaster.reload(pgdata, bins=self.bins)
+        self._repointed[name] = upstream
+        log.info("re-pointed %s at %s", name, upstream)
 
     def _do_DropReplicationSlot(self, action: act.DropReplicationSlot, spec: PostgresClusterSpec) -> None:
         if action.member not in self.members:
@@ -747,8 +768,17 @@ class LocalPlatform:
                 )
                 if action.phase == "Completed" and summary.get("id"):
                     # `verified` means what it says: every object re-read and checked, by a verify task.
-                    command = [self.agent, "verify", "--store", self.state.store_url, "--cluster", self.state.cluster]
-                    self.jobs.start_task(f"verify-{action.name}", [*command, str(summary["id"])], self.pg_env())
+                    command = [
+                        self.agent,
+                        "verify",
+                        "--store",
+                        self.state.store_url,
+                        "--cluster",
+                        self.state.cluster,
+                    ]
+                    self.jobs.start_task(
+                        f"verify-{action.name}", [*command, str(summary["id"])], self.pg_env()
+                    )
         self.objects.update_status("Backup", action.name, **fields)
 
     def _do_UpdateRestore(self, action: act.UpdateRestore, spec: PostgresClusterSpec) -> None:
@@ -810,7 +840,10 @@ class LocalPlatform:
                 self.objects.update_status("Backup", item["metadata"]["name"], verified=True)
             else:
                 self.objects.update_status(
-                    "Backup", item["metadata"]["name"], verified=False, error=f"verify failed: {task.error_text()}"
+                    "Backup",
+                    item["metadata"]["name"],
+                    verified=False,
+                    error=f"verify failed: {task.error_text()}",
                 )
 
     def stop_all(self) -> None:

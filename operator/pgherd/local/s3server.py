@@ -92,6 +92,8 @@ class S3Server:
                 f"{self.host}:{self.port}",
                 "--auth-key",
                 f"{self.access_key},{self.secret_key}",
+                "--etag-hash",
+                "",
                 "--dir-cache-time",
                 "1s",
                 "--log-level",
