@@ -633,6 +633,9 @@ class LocalPlatform:
             return
         value = action.config.render()
         with psycopg.connect(self.superuser_dsn(action.member), autocommit=True, connect_timeout=2) as conn:
+            row = conn.execute("SELECT current_setting('synchronous_standby_names')").fetchone()
+            if row is not None and row[0] == value:
+                return  # already in force: the engine repeats a step until it observes it
             conn.execute(
                 psycopg.sql.SQL("ALTER SYSTEM SET synchronous_standby_names = {}").format(
                     psycopg.sql.Literal(value)
