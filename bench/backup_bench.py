@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -63,11 +64,13 @@ class Measure:
     peak_rss: int
     ok: bool
     detail: str = ""
+    cpu_seconds: float = 0.0  # user+system CPU of the process tree (not the server nor S3)
 
 
 def measure(label: str, args: Sequence[str], env: dict[str, str] | None = None) -> Measure:
     print(f"-- {label}: {' '.join(args)[:160]}", flush=True)
     os.sync()  # start every run with no dirty pages left by the previous one (not timed)
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     proc = subprocess.Popen(list(args), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = 0
@@ -85,11 +88,13 @@ def measure(label: str, args: Sequence[str], env: dict[str, str] | None = None) 
     elapsed = time.monotonic() - started
     stop.set()
     sampler.join()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (usage.ru_utime + usage.ru_stime)
     ok = proc.returncode == 0
     if not ok:
         print(f"   FAILED ({proc.returncode}): {err.strip()[-800:]}", flush=True)
-    result = Measure(label, elapsed, peak, ok, out.strip()[-2000:])
-    print(f"   {elapsed:7.1f} s   peak RSS {peak / 2**20:6.0f} MiB", flush=True)
+    result = Measure(label, elapsed, peak, ok, out.strip()[-2000:], cpu)
+    print(f"   {elapsed:7.1f} s   CPU {cpu:6.1f} s   peak RSS {peak / 2**20:6.0f} MiB", flush=True)
     return result
 
 
@@ -165,15 +170,18 @@ def main() -> int:
     agent = agent_executable()
     results: list[Measure] = []
     try:
-        for codec in ("zstd", "lz4"):
+        for codec, level in (("zstd", None), ("zstd", "-1"), ("lz4", None)):
+            flags = ["--compression", codec] + (["--compression-level", level] if level else [])
+            if level:
+                codec = f"{codec} {level}"
             snap = measure(
                 f"pgherd snapshot ({codec})",
-                [agent, "snapshot", "--source", dsn, "--compression", codec],
+                [agent, "snapshot", "--source", dsn, *flags],
                 env,
             )
             results.append(snap)
             snap_id = json.loads(snap.detail)["id"] if snap.ok else "latest"
-            target = work / f"restore-pgherd-{codec}"
+            target = work / f"restore-pgherd-{codec.replace(' ', '')}"
             for flags in ([], ["--no-sync"]):
                 shutil.rmtree(target, ignore_errors=True)
                 results.append(
@@ -301,14 +309,15 @@ def report(results: list[Measure], db_bytes: int) -> None:
             print(f"  {name} vs {reference}: {value:.2f}x {over}")
 
     print("\nratios (time of the reference / time of pgherd; > 1 means pgherd is faster):")
-    for codec in ("zstd", "lz4"):
+    for codec in ("zstd", "zstd -1", "lz4"):
         for restore in (f"pgherd restore ({codec})", f"pgherd restore ({codec}, no fsync)"):
             ratio(restore, "barman-cloud-restore (lz4)", "faster (barman-cloud-restore does not fsync)")
             ratio(restore, "barman-cloud-restore (gzip)", "faster")
-            ratio(restore, f"tar -x local ({codec})", "(local limit; tar does not fsync)")
+            ratio(restore, f"tar -x local ({codec.split()[0]})", "(local limit; tar does not fsync)")
         ratio(f"pgherd snapshot ({codec})", "barman-cloud-backup (lz4)", "faster")
         ratio(f"pgherd snapshot ({codec})", "barman-cloud-backup (gzip)", "faster")
-        ratio(f"pgherd snapshot ({codec})", f"pg_basebackup -Ft local ({codec})", "(local-disk limit)")
+        local = codec.split()[0]
+        ratio(f"pgherd snapshot ({codec})", f"pg_basebackup -Ft local ({local})", "(local-disk limit)")
     peaks = [r.peak_rss for r in results if r.label.startswith("pgherd")]
     if peaks:
         print(f"  pgherd peak memory: {max(peaks) / 2**20:.0f} MiB (target < 200 MiB)")

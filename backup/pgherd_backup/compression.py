@@ -84,6 +84,16 @@ class Codec:
         return _Identity()
 
     def compress(self, data: bytes) -> bytes:
+        """One whole frame (one-shot APIs: several times faster than the streaming ones)."""
+        if self.name == "zstd":
+            import zstandard
+
+            return zstandard.ZstdCompressor(level=self.level, write_checksum=True).compress(data)
+        if self.name == "lz4":
+            import lz4.frame
+
+            packed: bytes = lz4.frame.compress(data, compression_level=self.level, content_checksum=True)
+            return packed
         c = self.compressor()
         return c.compress(data) + c.flush()
 
@@ -100,9 +110,9 @@ class Codec:
         if self.name == "lz4":
             import lz4.frame
 
-            return _PullReader(source, lz4.frame.LZ4FrameDecompressor())
+            return _PullReader(source, lz4.frame.LZ4FrameDecompressor)
         if self.name == "gzip":
-            return _PullReader(source, zlib.decompressobj(31))
+            return _PullReader(source, lambda: zlib.decompressobj(31))
         return source
 
     def decompress(self, data: bytes, origin: str = "data") -> bytes:
@@ -150,17 +160,23 @@ class _Lz4Compressor:
 class _PullReader:
     """Bounded reads over a push decompressor (zlib's or lz4's) fed in 1 MiB input blocks."""
 
-    def __init__(self, source: IO[bytes] | Reader, decompressor: Any) -> None:
+    def __init__(self, source: IO[bytes] | Reader, make: Any) -> None:
         self._source = source
-        self._d = decompressor
+        self._fresh = make
+        self._d = make()
         self._input = b""
 
     def read(self, size: int = -1, /) -> bytes:
         size = size if size and size > 0 else 1 << 20
         while True:
             if self._d.eof:
-                return b""
-            if not getattr(self._d, "needs_input", True):
+                # one frame ends; objects of the non-zstd codecs are runs of independent frames
+                leftover = self._d.unused_data
+                data = leftover or self._pending_input() or self._source.read(1 << 20)
+                if not data:
+                    return b""
+                self._d = self._fresh()
+            elif not getattr(self._d, "needs_input", True):
                 data = b""  # output is still pending from the input already given: no more input yet
             else:
                 data = self._pending_input() or self._source.read(1 << 20)

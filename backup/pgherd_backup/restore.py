@@ -70,7 +70,7 @@ class RecoveryTarget:
 @dataclass(frozen=True)
 class RestoreOptions:
     download_workers: int = 4
-    prefetch_parts: int = 8
+    prefetch_parts: int = 6
     sync: bool = True
     check_wal: bool = True
 

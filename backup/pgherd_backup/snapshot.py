@@ -36,6 +36,7 @@ from pgherd_backup.walnames import Segment, parse_lsn
 
 _F_SETPIPE_SZ = 1031
 _READ_BLOCK = 1 << 20
+_FRAME_INPUT = 4 << 20  # input per independent frame for the codecs without multi-threading
 _TAPPED = ("backup_label", "backup_manifest", "PG_VERSION", "global/pg_control")
 
 
@@ -91,44 +92,86 @@ class _Uploads:
 
 
 class _ObjectWriter:
-    """One data object: a single compressed frame, uploaded part by part."""
+    """One data object, uploaded part by part: a single multi-threaded zstd frame, or for the
+    other codecs a run of independent frames (4 MiB of input each) compressed on a thread pool."""
 
     def __init__(
-        self, store: Store, uploads: _Uploads, key: str, name: str, options: SnapshotOptions
+        self,
+        store: Store,
+        uploads: _Uploads,
+        key: str,
+        name: str,
+        options: SnapshotOptions,
+        pool: ThreadPoolExecutor,
+        hasher: ThreadPoolExecutor,
     ) -> None:
         self.store = store
         self.uploads = uploads
         self.key = key
         self.name = name
         self.options = options
-        self.compressor: Compressor = options.codec.compressor()
+        codec = options.codec
+        self.compressor: Compressor | None = codec.compressor() if codec.name == "zstd" else None
+        self.pool = pool
+        self.hasher = hasher  # one thread: hashes the parts in order, off the reading thread
+        self.block = bytearray()
+        self.blocks: deque[Future[bytes]] = deque()
         self.buffer = bytearray()
         self.raw_size = 0
         self.size = 0
         self.sha256 = hashlib.sha256()
+        self.hashing: Future[None] | None = None
         self.upload_id: str | None = None
         self.futures: list[Future[tuple[str, Part]]] = []
 
     def write(self, data: memoryview) -> None:
         self.raw_size += len(data)
-        self.buffer += self.compressor.compress(data)
+        if self.compressor is not None:
+            self.buffer += self.compressor.compress(data)
+        else:
+            self.block += data
+            if len(self.block) >= _FRAME_INPUT:
+                self._submit_block()
+            self._collect(wait=len(self.blocks) > 2 * (os.cpu_count() or 1))
         if len(self.buffer) >= self.options.part_size:
             self._cut()
+
+    def _submit_block(self) -> None:
+        block = bytes(self.block)
+        self.block.clear()
+        self.blocks.append(self.pool.submit(self.options.codec.compress, block))
+
+    def _collect(self, wait: bool) -> None:
+        while self.blocks and (wait or self.blocks[0].done()):
+            self.buffer += self.blocks.popleft().result()
+            wait = False
 
     def _cut(self) -> None:
         part = bytes(self.buffer)
         self.buffer.clear()
         if self.upload_id is None:
             self.upload_id = self.store.start_multipart(self.key)
-        self.sha256.update(part)
+        self.hashing = self.hasher.submit(self.sha256.update, part)
         self.size += len(part)
         self.futures.append(self.uploads.submit(self.key, self.upload_id, len(self.futures) + 1, part))
 
-    def finish(self) -> DataObject:
-        self.buffer += self.compressor.flush()
+    def seal(self) -> None:
+        """The end of this object's input: compress what is left and send the last part."""
+        if self.compressor is not None:
+            self.buffer += self.compressor.flush()
+        else:
+            if self.block:
+                self._submit_block()
+            while self.blocks:
+                self._collect(wait=True)
         self._cut()
-        assert self.upload_id is not None
+
+    def complete(self) -> DataObject:
+        """Wait for the parts, then complete the upload (runs beside the reader: on some servers
+        completing assembles the object, which takes a while)."""
+        assert self.upload_id is not None and self.hashing is not None
         results = [f.result() for f in self.futures]
+        self.hashing.result()
         self.store.complete_multipart(self.key, self.upload_id, [etag for etag, _ in results])
         self.upload_id = None
         return DataObject(
@@ -227,6 +270,7 @@ def take_snapshot(
         "-v",
         "-P",
         "-w",
+        "--manifest-checksums=NONE",  # every object carries a sha256; spare the server a CRC pass
     ]
     if options.max_rate:
         args.append(f"--max-rate={options.max_rate}")
@@ -244,10 +288,20 @@ def take_snapshot(
     watcher = _StderrWatcher(proc.stderr, progress)
     watcher.start()
     uploads = _Uploads(store, options)
+    compressors = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="compress")
+    hasher = ThreadPoolExecutor(1, thread_name_prefix="sha256")
+    completer = ThreadPoolExecutor(1, thread_name_prefix="complete")
     tap = TarTap(_TAPPED)
-    objects: list[DataObject] = []
+    sealed: list[_ObjectWriter] = []
+    completions: list[Future[DataObject]] = []
     writer: _ObjectWriter | None = None
     ok = False
+
+    def seal(current: _ObjectWriter) -> None:
+        current.seal()
+        sealed.append(current)
+        completions.append(completer.submit(current.complete))
+
     try:
         buf = bytearray(_READ_BLOCK)
         view = memoryview(buf)
@@ -259,14 +313,16 @@ def take_snapshot(
             block = view[:n]
             tap.feed(block)
             if writer is None:
-                name = f"data/{len(objects):05d}.tar{options.codec.extension}"
-                writer = _ObjectWriter(store, uploads, layout.data_key(snap_id, name), name, options)
+                name = f"data/{len(sealed):05d}.tar{options.codec.extension}"
+                writer = _ObjectWriter(
+                    store, uploads, layout.data_key(snap_id, name), name, options, compressors, hasher
+                )
             writer.write(block)
             total += n
             if progress is not None:
                 progress.update(total)
             if writer.raw_size >= options.object_raw_size:
-                objects.append(writer.finish())
+                seal(writer)
                 writer = None
         returncode = proc.wait()
         watcher.join(timeout=10)
@@ -275,8 +331,9 @@ def take_snapshot(
         if not tap.ended:
             raise IntegrityError("pg_basebackup's tar stream ended early: the snapshot is incomplete")
         if writer is not None:
-            objects.append(writer.finish())
+            seal(writer)
             writer = None
+        objects = [future.result() for future in completions]
         uploads.raise_failures()
         manifest = _build_manifest(store, info, snap_id, started, tap.files, watcher, objects, options)
         if options.wal_method == "none":
@@ -295,10 +352,13 @@ def take_snapshot(
         raise
     finally:
         uploads.close(cancel=not ok)
+        completer.shutdown(wait=True, cancel_futures=True)
+        compressors.shutdown(wait=True, cancel_futures=True)
+        hasher.shutdown(wait=True, cancel_futures=True)
         if not ok:
-            if writer is not None:
-                writer.abort()
-            _forget(store, [layout.data_key(snap_id, o.name) for o in objects])
+            for unfinished in [*sealed, *([writer] if writer is not None else [])]:
+                unfinished.abort()
+            _forget(store, [w.key for w in sealed])
 
 
 def wait_for_archived_wal(store: Store, manifest: Manifest, timeout: float) -> None:

@@ -176,7 +176,7 @@ class _Writers:
     """Writes small files on a few threads: creating a file costs far more than writing a few
     kilobytes, and a data directory holds thousands of small files. Bounded in bytes."""
 
-    def __init__(self, uid: int | None, gid: int | None, threads: int = 4, budget: int = 32 << 20) -> None:
+    def __init__(self, uid: int | None, gid: int | None, threads: int = 4, budget: int = 16 << 20) -> None:
         self.uid, self.gid = uid, gid
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="untar")
         self.budget = threading.Semaphore(budget // _SMALL)
@@ -280,7 +280,9 @@ def extract(
     return written
 
 
-def _write_stream(pull: _Pull, path: Path, size: int, mode: int, uid: int | None, gid: int | None, name: str) -> None:
+def _write_stream(
+    pull: _Pull, path: Path, size: int, mode: int, uid: int | None, gid: int | None, name: str
+) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         if uid is not None:

@@ -115,7 +115,9 @@ class LocalDriver(PollingDriver):
                 str(path),
                 "--restart-delay",
                 str(self.restart_delay),
-                timeout=UP_TIMEOUT,
+                "--timeout",
+                str(UP_TIMEOUT),  # the sandbox's own message beats our subprocess timeout
+                timeout=UP_TIMEOUT + 30,
                 check=False,
             )
             self._started = result.returncode == 0 or self.dir.exists()

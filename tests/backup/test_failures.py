@@ -142,7 +142,7 @@ def test_an_interrupted_snapshot_cleans_up_and_is_never_listed(pg_factory, s3_st
         time.sleep(0.05)
     assert proc.poll() is None, "the snapshot should still be running"
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
+    _out, err = proc.communicate(timeout=60)
     assert proc.returncode != 0 and "interrupted" in err and TRACEBACK not in err
     assert s3_store.keys("/snapshots/") == [], "the objects of an interrupted snapshot are removed"
     assert agent("list", "--json").json() == []

@@ -54,21 +54,35 @@ def test_wal_fetch_misses_quietly_and_fails_fatally_on_corruption(tmp_path, s3_s
 
 
 def test_archiving_keeps_up_with_pgbench(pg_factory, s3_store, pg_bin):
+    """The archiver's backlog (.ready files) stays small under a pgbench write load, and drains."""
+    import threading
+
     primary = pg_factory("primary", env=s3_store.env()).initdb(archive=True).start()
     subprocess.run([pg_bin.pgbench, "-i", "-s", "5", "-q", primary.dsn], check=True, capture_output=True)
     start_lsn = primary.value("SELECT pg_current_wal_lsn()")
-    subprocess.run(
-        [pg_bin.pgbench, "-c", "4", "-j", "2", "-T", "8", primary.dsn], check=True, capture_output=True
-    )
+    status = primary.pgdata / "pg_wal" / "archive_status"
+    backlog: list[int] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            backlog.append(len(list(status.glob("*.ready"))))
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        subprocess.run(
+            [pg_bin.pgbench, "-c", "4", "-j", "2", "-T", "8", primary.dsn], check=True, capture_output=True
+        )
+    finally:
+        done.set()
+        watcher.join()
     written = primary.value(f"SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '{start_lsn}')")
-    began = time.monotonic()
     primary.switch_and_wait_archived(timeout=60)
-    catch_up = time.monotonic() - began
-    stats = primary.sql("SELECT archived_count, failed_count FROM pg_stat_archiver")[0]
-    assert stats[1] == 0
-    # the backlog left when pgbench stops must drain in a few seconds
-    assert catch_up < 10, (
-        f"archiving lagged: {catch_up:.1f}s to catch up after {written / 2**20:.0f} MiB of WAL"
+    assert primary.value("SELECT failed_count FROM pg_stat_archiver") == 0
+    assert max(backlog) <= 8, (
+        f"archiving fell behind: {max(backlog)} segments waiting ({written / 2**20:.0f} MiB written)"
     )
 
 

@@ -9,8 +9,9 @@ import pytest
 from pgherd.engine import EngineStatus, Operation, OperationKind
 from pgherd.engine.lsn import format_lsn, parse_lsn
 from pgherd.engine.quorum import SyncConfig
+from pgherd.engine.revision import spec_revision
 
-from .builders import NOW
+from .builders import NOW, make_spec
 
 
 def test_lsn_round_trip() -> None:
@@ -50,3 +51,11 @@ def test_status_round_trip() -> None:
     assert wire["operation"]["plan"] == ["pg-2", "pg-1"]
     assert EngineStatus.from_dict(wire) == status
     assert EngineStatus.from_dict({}) == EngineStatus()
+
+
+def test_revision_changes_only_for_restart_settings() -> None:
+    base = spec_revision(make_spec())
+    assert spec_revision(make_spec(parameters={"work_mem": "64MB"})) == base  # reloadable
+    assert spec_revision(make_spec(parameters={"shared_buffers": "1GB"})) != base
+    assert spec_revision(make_spec(image="img:2")) != base
+    assert spec_revision(make_spec(resources={"limits": {"memory": "2Gi"}})) != base

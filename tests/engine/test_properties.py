@@ -89,6 +89,8 @@ class ClusterMachine(RuleBasedStateMachine):
             assert decision.message, f"phase {decision.phase} with no action and no reason to wait"
         if decision.phase is Phase.QUORUM_LOST:
             assert not any(isinstance(a, A.Promote | A.StartRestore) for a in decision.actions)
+        if decision.phase is Phase.RECOVERING:  # automatic restore only when configured
+            assert self.spec.recovery.on_quorum_loss.value == "RestoreFromBackup"
         promotes = [a for a in decision.actions if isinstance(a, A.Promote)]
         assert len(promotes) <= 1
         restarts = [a for a in decision.actions if isinstance(a, A.RestartMember)]

@@ -41,9 +41,12 @@ def eligible(ctx: Context, old: str | None) -> list[MemberView]:
         for m in ctx.voter_views()
         if m.reachable
         and m.role is Role.REPLICA
-        and (m.name != old or m.fenced)  # the old primary only once fenced and running read-only
         and m.received_lsn is not None
-        and ctx.on_current_timeline(m)
+        and (
+            # The old primary only once fenced and running read-only; its own timeline is the latest
+            # (it may have been promoted by an operation that never saw it confirmed).
+            m.fenced if m.name == old else ctx.on_current_timeline(m)
+        )
     ]
     return sorted(members, key=by_most_data)
 
