@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.driver import Driver, Manifest, NewCluster, healthy
+from e2e.driver import Driver, Manifest, NewCluster, healthy, unless_failed
 from e2e.workload import ensure_table
 
 DRIVER_ENV = "PGHERD_E2E_DRIVER"
@@ -79,7 +79,9 @@ def new_cluster(
         driver.apply(manifest)
         instances = int(manifest["spec"].get("instances", 3))
         driver.wait_for(
-            healthy(instances), CREATE_TIMEOUT, f"cluster {name} to be Running with {instances} ready members"
+            unless_failed(healthy(instances)),
+            CREATE_TIMEOUT,
+            f"cluster {name} to be Running with {instances} ready members",
         )
         ensure_table(driver.rw_dsn())
         return driver

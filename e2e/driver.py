@@ -40,6 +40,7 @@ class ObjectStatus(TypedDict, total=False):
 
 class ClusterStatus(TypedDict, total=False):
     phase: str | None
+    message: str | None  # why the phase is what it is
     primary: str | None
     members: list[MemberStatus]
     rwDsn: str | None
@@ -196,6 +197,25 @@ def is_healthy(status: ClusterStatus, instances: int) -> bool:
 
 def healthy(instances: int) -> Callable[[ClusterStatus], bool]:
     return lambda status: is_healthy(status, instances)
+
+
+class ClusterFailed(AssertionError):
+    """The cluster reached phase Failed (an aborted operation): no point waiting any longer."""
+
+
+def unless_failed(predicate: Callable[[ClusterStatus], bool]) -> Callable[[ClusterStatus], bool]:
+    """`predicate`, but a status in phase Failed ends the wait at once with the operator's message."""
+
+    def check(status: ClusterStatus) -> bool:
+        if status.get("phase") == "Failed":
+            operation = status.get("operation") or {}
+            raise ClusterFailed(
+                f"the cluster is Failed: {status.get('message') or operation.get('failed') or ''}\n"
+                f"operation: {json.dumps(operation, default=str)}\nconditions: {status.get('conditions')}"
+            )
+        return predicate(status)
+
+    return check
 
 
 def backup_phase(status: ClusterStatus, name: str) -> str | None:

@@ -11,7 +11,7 @@ import pytest
 
 from e2e import manifests
 from e2e.checks import execute, insert_ids, missing_on, scalar, wait_ids_on_member
-from e2e.driver import Driver, NewCluster, backup_phase, healthy, restore_phase
+from e2e.driver import Driver, NewCluster, backup_phase, healthy, restore_phase, unless_failed
 from e2e.workload import present_ids
 
 pytestmark = pytest.mark.e2e
@@ -89,7 +89,9 @@ def test_pitr_restore_to_a_point_between_two_writes(cluster: Driver) -> None:
         f"Restore {RESTORE} to finish",
     )
     assert restore_phase(status, RESTORE) == "Completed", status.get("restores")
-    status = cluster.wait_for(healthy(3), RESTORE_TIMEOUT, "a healthy cluster after the restore")
+    status = cluster.wait_for(
+        unless_failed(healthy(3)), RESTORE_TIMEOUT, "a healthy cluster after the restore"
+    )
 
     present = present_ids(cluster.rw_dsn())
     assert set(BEFORE_BACKUP) <= present, "rows from before the backup are missing after the restore"

@@ -57,7 +57,7 @@ def test_kill_primary_under_load_loses_no_acknowledged_commit(
     assert first is not None
     record_property("failover_seconds", round(first.ended - killed_at, 2))
     print(
-        f"\nfailover {old} -> {new}: writes back {first.ended - killed_at:.2f} s after the kill; {report.summary()}"
+        f"\nfailover {round_}: {old} -> {new}: writes back {first.ended - killed_at:.2f} s after the kill; {report.summary()}"
     )
 
     present = assert_no_acknowledged_write_lost(cluster, report)

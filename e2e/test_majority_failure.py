@@ -13,7 +13,7 @@ import pytest
 
 from e2e import manifests
 from e2e.checks import insert_ids, wait_ids_on_member
-from e2e.driver import Driver, NewCluster, backup_phase, healthy, replicas, restore_phase
+from e2e.driver import Driver, NewCluster, backup_phase, healthy, replicas, restore_phase, unless_failed
 from e2e.workload import present_ids
 
 pytestmark = pytest.mark.e2e
@@ -68,7 +68,9 @@ def test_majority_loss_then_recovery_from_the_chosen_backup(cluster: Driver) -> 
         f"Restore {RESTORE} to finish",
     )
     assert restore_phase(status, RESTORE) == "Completed", status.get("restores")
-    status = cluster.wait_for(healthy(3), RESTORE_TIMEOUT, "a healthy 3-member cluster after the recovery")
+    status = cluster.wait_for(
+        unless_failed(healthy(3)), RESTORE_TIMEOUT, "a healthy 3-member cluster after the recovery"
+    )
 
     assert set(IN_BACKUP) <= present_ids(cluster.rw_dsn()), "the chosen Backup's rows are missing"
     for m in status["members"]:

@@ -11,7 +11,7 @@ import pytest
 
 from e2e import manifests
 from e2e.checks import assert_no_acknowledged_write_lost, in_recovery, postmaster_started, setting
-from e2e.driver import ClusterStatus, Driver, NewCluster, healthy
+from e2e.driver import ClusterStatus, Driver, NewCluster, healthy, unless_failed
 from e2e.workload import WriteLoad
 
 pytestmark = pytest.mark.e2e
@@ -64,7 +64,11 @@ def test_operator_killed_mid_rollout_resumes_it(cluster: Driver, manifest: dict[
 
         cluster.resume_operator()
         cluster.wait_for(
-            lambda s: healthy(3)(s) and all(setting(cluster, m, "max_connections") == "130" for m in members),
+            unless_failed(
+                lambda s: (
+                    healthy(3)(s) and all(setting(cluster, m, "max_connections") == "130" for m in members)
+                )
+            ),
             240,
             "the resumed rollout to bring every member to max_connections = 130",
         )

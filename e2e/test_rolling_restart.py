@@ -17,7 +17,7 @@ from e2e.checks import (
     postmaster_started,
     setting,
 )
-from e2e.driver import Driver, NewCluster, healthy
+from e2e.driver import Driver, NewCluster, healthy, unless_failed
 from e2e.workload import WriteLoad, WriteReport
 
 pytestmark = pytest.mark.e2e
@@ -70,8 +70,11 @@ def test_rolling_restart_under_load(cluster: Driver, manifest: dict[str, Any]) -
             load.wait_for_acks(200)
             cluster.apply(manifests.with_changes(manifest, parameters={"max_connections": "120"}))
             cluster.wait_for(
-                lambda s: (
-                    healthy(3)(s) and all(setting(cluster, m, "max_connections") == "120" for m in members)
+                unless_failed(
+                    lambda s: (
+                        healthy(3)(s)
+                        and all(setting(cluster, m, "max_connections") == "120" for m in members)
+                    )
                 ),
                 ROLLOUT_TIMEOUT,
                 "every member to run with max_connections = 120",

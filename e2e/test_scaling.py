@@ -10,7 +10,7 @@ import pytest
 
 from e2e import manifests
 from e2e.checks import assert_no_acknowledged_write_lost, in_recovery, insert_ids, query, wait_ids_on_member
-from e2e.driver import Driver, NewCluster, healthy
+from e2e.driver import Driver, NewCluster, healthy, unless_failed
 from e2e.workload import WriteLoad
 
 pytestmark = pytest.mark.e2e
@@ -33,7 +33,7 @@ def cluster(new_cluster: NewCluster, manifest: dict[str, Any]) -> Driver:
 def test_scale_up_from_3_to_5_seeds_the_new_members(cluster: Driver, manifest: dict[str, Any]) -> None:
     ids = insert_ids(cluster.rw_dsn(), range(1, 501))
     cluster.apply(manifests.with_changes(manifest, instances=5))
-    status = cluster.wait_for(healthy(5), SCALE_TIMEOUT, "5 ready members")
+    status = cluster.wait_for(unless_failed(healthy(5)), SCALE_TIMEOUT, "5 ready members")
     names = sorted(m["name"] for m in status["members"])
     assert names == [f"{NAME}-{i}" for i in range(5)]
     for name in (f"{NAME}-3", f"{NAME}-4"):
@@ -52,7 +52,9 @@ def test_scale_down_to_2_when_the_primary_is_the_highest_member(
     try:
         load.wait_for_acks(200)
         cluster.apply(manifests.with_changes(manifest, instances=2))
-        status = cluster.wait_for(healthy(2), SCALE_TIMEOUT, "2 ready members after scaling down")
+        status = cluster.wait_for(
+            unless_failed(healthy(2)), SCALE_TIMEOUT, "2 ready members after scaling down"
+        )
         load.wait_for_acks(200)
     finally:
         report = load.stop()

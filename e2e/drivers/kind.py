@@ -285,6 +285,7 @@ class KindDriver(PollingDriver):
         ]
         return {
             "phase": raw.get("phase"),
+            "message": raw.get("message"),
             "primary": raw.get("currentPrimary"),
             "members": members,
             "rwDsn": self._dsn(self._proxy.port) if self._proxy is not None else None,

@@ -187,20 +187,20 @@ def _gate(ctx: Context, operation: Operation, member: MemberView) -> Outcome | N
     """Wait (or abort after STEP_TIMEOUT) while another member is down; abort when restarting
     ``member`` would break the quorum. None: the restart may go ahead."""
     down = [m.name for m in ctx.view.existing() if m.name != member.name and not m.ready]
-    if down:
-        step = f"before:{member.name}"
-        if operation.step != step:
-            operation = operation.at(step, ctx.now)
-        waited = ctx.now - (operation.step_started_at or ctx.now)
-        if waited > STEP_TIMEOUT:
-            return _abort(
-                ctx, operation, f"{', '.join(down)} did not become ready; {member.name} not restarted"
-            )
-        status = replace(ctx.status, operation=operation)
-        message = f"waiting for {', '.join(down)} to be ready before restarting {member.name}"
-        return Outcome(Phase.UPGRADING, status, message=message)
     problem = _quorum_risk(ctx, member)
-    return None if problem is None else _abort(ctx, operation, problem)
+    if not down and problem is None:
+        return None
+    # Replicas that were just re-pointed (after the switchover of this very rollout) or restarted
+    # stream again within seconds: wait for them, and abort only if they do not in STEP_TIMEOUT.
+    step = f"before:{member.name}"
+    if operation.step != step:
+        operation = operation.at(step, ctx.now)
+    waited = ctx.now - (operation.step_started_at or ctx.now)
+    reason = f"{', '.join(down)} not ready" if down else str(problem)
+    if waited > STEP_TIMEOUT:
+        return _abort(ctx, operation, f"{reason}; {member.name} not restarted")
+    status = replace(ctx.status, operation=operation)
+    return Outcome(Phase.UPGRADING, status, message=f"waiting before restarting {member.name}: {reason}")
 
 
 def _quorum_risk(ctx: Context, member: MemberView) -> str | None:
