@@ -287,6 +287,7 @@ def main() -> int:
         server.stop()
         postmaster.stop(pgdata, bins=bins)
         shutil.rmtree(s3_root, ignore_errors=True)
+        server.log_file.unlink(missing_ok=True)
 
     report(results, db_bytes)
     if args.json:

@@ -24,6 +24,7 @@ Quorum mode: pgherd's replication.mode quorum; Patroni 3.0's closest setting, sy
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import tempfile
@@ -127,6 +128,7 @@ class PgherdSystem:
 
     def stop(self) -> None:
         self.driver.down()
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 @dataclass

@@ -87,6 +87,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         wal_method=args.wal_method,
         checkpoint=args.checkpoint,
         max_rate=args.max_rate,
+        verify_checksums=not args.no_verify_checksums,
     )
     manifest = take_snapshot(store, args.source, options=options, progress=Progress("snapshot"))
     _print_json(manifest.summary() | {"store": store.location.url()})
@@ -321,6 +322,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wal-method", default="fetch", choices=["fetch", "none"])
     p.add_argument("--checkpoint", default="fast", choices=["fast", "spread"])
     p.add_argument("--max-rate", default=None, help="limit the read rate on the source, e.g. 100M")
+    p.add_argument(
+        "--no-verify-checksums",
+        action="store_true",
+        help="do not have the server verify page checksums while sending (faster, finds no corruption)",
+    )
     p.set_defaults(func=cmd_snapshot)
 
     p = sub.add_parser("wal-push", help="archive one WAL file (archive_command)")

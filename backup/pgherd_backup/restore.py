@@ -70,7 +70,7 @@ class RecoveryTarget:
 @dataclass(frozen=True)
 class RestoreOptions:
     download_workers: int = 4
-    prefetch_parts: int = 6
+    prefetch_parts: int = 5
     sync: bool = True
     check_wal: bool = True
 
@@ -221,7 +221,7 @@ class Decompressor(threading.Thread):
         self.store = store
         self.manifest = manifest
         self.fetcher = fetcher
-        self.blocks: queue.Queue[bytes | BaseException | None] = queue.Queue(maxsize=16)
+        self.blocks: queue.Queue[bytes | BaseException | None] = queue.Queue(maxsize=8)
         self.stopping = threading.Event()
 
     def run(self) -> None:

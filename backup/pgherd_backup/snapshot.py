@@ -49,8 +49,9 @@ class SnapshotOptions:
     max_inflight_parts: int = 6
     wal_method: str = "fetch"
     checkpoint: str = "fast"
-    max_rate: str | None = None
-    archive_wait: float = 120.0  # with wal_method "none": how long to wait for start..stop to be archived  # pg_basebackup --max-rate, e.g. "100M": spare the source's disks
+    max_rate: str | None = None  # pg_basebackup --max-rate, e.g. "100M": spare the source's disks
+    archive_wait: float = 120.0  # with wal_method "none": how long to wait for start..stop to be archived
+    verify_checksums: bool = True  # the server checks every page's checksum while sending it
 
 
 class _Uploads:
@@ -268,12 +269,15 @@ def take_snapshot(
         "-c",
         options.checkpoint,
         "-v",
-        "-P",
         "-w",
         "--manifest-checksums=NONE",  # every object carries a sha256; spare the server a CRC pass
     ]
     if options.max_rate:
         args.append(f"--max-rate={options.max_rate}")
+    if progress is not None and progress.enabled:
+        args.append("-P")  # the size estimate (for the ETA) costs the server a pass over the files
+    if not options.verify_checksums:
+        args.append("--no-verify-checksums")
     proc = subprocess.Popen(
         args,
         stdin=subprocess.DEVNULL,

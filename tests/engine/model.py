@@ -98,6 +98,8 @@ class ModelCluster:
     def observe(self) -> ClusterView:
         members = []
         for node in sorted(self.nodes.values(), key=lambda n: n.ordinal):
+            if self.streaming(node):  # a streaming standby follows its upstream's timeline switches
+                node.timeline = self.nodes[str(node.upstream)].timeline
             seen = self.reachable(node)
             final = len(node.wal) if node.fenced and node.final_known else None
             members.append(
@@ -168,6 +170,7 @@ class ModelCluster:
             return
         up = self.nodes[str(node.upstream)]
         node.wal = up.wal[: min(len(up.wal), len(node.wal) + amount)]
+        node.timeline = up.timeline
 
     def catch_up_all(self) -> None:
         for node in self.nodes.values():

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pgherd.api.cluster import Phase
-from pgherd.engine import Role, decide
+from pgherd.api.cluster import Phase, PostgresClusterSpec
+from pgherd.engine import ClusterView, EngineStatus, Role, decide
 from pgherd.engine import actions as A
 from pgherd.engine.conditions import ConditionType
 
 from .builders import down, later, lost_primary, make_spec, settled, with_members
 
 
-def _primary_dies(lsns: dict[int, int] | None = None, instances: int = 3):  # type: ignore[no-untyped-def]
+def _primary_dies(
+    lsns: dict[int, int] | None = None, instances: int = 3
+) -> tuple[PostgresClusterSpec, ClusterView, EngineStatus]:
     spec, view, status = settled(make_spec(instances=instances), lsns=lsns)
     members = [down(view.members[0])] + [lost_primary(m) for m in view.members[1:]]
     return spec, with_members(view, *members), status
@@ -42,7 +44,7 @@ def test_failover_fences_then_promotes_the_member_with_most_wal() -> None:
     first = decide(spec, view, status)
     decision = decide(spec, later(view, 6), first.status)
     assert decision.phase is Phase.FAILING_OVER
-    assert decision.actions == (A.Fence("pg-0", reason=decision.actions[0].reason),)  # type: ignore[union-attr]
+    assert decision.actions == (A.Fence("pg-0", reason=decision.actions[0].reason),)
     assert decision.status.operation is not None and decision.status.operation.step == "fence"
     fenced = with_members(later(view, 6), replace(view.members[0], fenced=True))
     promote = decide(spec, fenced, decision.status)
@@ -60,7 +62,7 @@ def test_ties_break_on_replayed_lsn_then_name() -> None:
     first = decide(spec, view, status)
     fenced = with_members(later(view, 6), replace(view.members[0], fenced=True))
     decision = decide(spec, fenced, decide(spec, later(view, 6), first.status).status)
-    assert decision.actions[-1] == A.Promote("pg-2", reason=decision.actions[-1].reason)  # type: ignore[union-attr]
+    assert decision.actions[-1] == A.Promote("pg-2", reason=decision.actions[-1].reason)
 
 
 def test_operator_cut_off_from_primary_alone_never_fails_over() -> None:
@@ -132,7 +134,7 @@ def test_fenced_members_start_read_only_and_count_while_no_primary() -> None:
     lost = with_members(later(view, 7), fenced_old, down(view.members[1]))
     d = decide(spec, lost, s2)
     assert d.phase is Phase.QUORUM_LOST
-    assert A.Demote("pg-0", reason=d.actions[0].reason) in d.actions  # type: ignore[union-attr]
+    assert A.Demote("pg-0", reason=d.actions[0].reason) in d.actions
     assert not [a for a in d.actions if isinstance(a, A.Promote)]
     standby = replace(
         fenced_old, reachable=True, role=Role.REPLICA, timeline=1, received_lsn=1000, replayed_lsn=1000

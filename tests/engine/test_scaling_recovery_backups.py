@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 
-from pgherd.api.cluster import Phase
+from pgherd.api.cluster import Phase, PostgresClusterSpec
 from pgherd.engine import (
     BackupView,
     ClusterView,
@@ -17,6 +18,7 @@ from pgherd.engine import (
     decide,
 )
 from pgherd.engine import actions as A
+from pgherd.engine.plan import Decision
 from pgherd.engine.quorum import SyncConfig
 
 from .builders import CLUSTER, NOW, down, later, lost_primary, make_spec, replica, settled, with_members
@@ -53,7 +55,13 @@ def test_scale_up_creates_members_and_admits_them_through_safe_sync_steps() -> N
     assert "pg-3" not in d2.status.voters  # raise k and widen first, count the member after
 
 
-def _run(spec, view, status, steps=20, stop=None):  # type: ignore[no-untyped-def]
+def _run(
+    spec: PostgresClusterSpec,
+    view: ClusterView,
+    status: EngineStatus,
+    steps: int = 20,
+    stop: Callable[[Decision], bool] | None = None,
+) -> tuple[list[A.Action], EngineStatus]:
     """Drive decide() with a primary that applies sync changes and members that get deleted."""
     seen: list[A.Action] = []
     for step in range(steps):
@@ -86,13 +94,13 @@ def test_scale_down_switches_over_first_when_the_primary_is_removed() -> None:
         make_spec(instances=3),
         view,
         status,
-        stop=lambda d: d.actions and any(isinstance(a, A.Fence) for a in d.actions),
+        stop=lambda d: any(isinstance(a, A.Fence) for a in d.actions),
     )
     assert not [a for a in seen if isinstance(a, A.DeleteMember) and a.member == "pg-4"]
     assert A.Fence("pg-4", reason="switchover") in seen
 
 
-def _quorum_lost(spec_fields: dict[str, object]):  # type: ignore[no-untyped-def]
+def _quorum_lost(spec_fields: dict[str, object]) -> tuple[PostgresClusterSpec, ClusterView, EngineStatus]:
     spec, view, status = settled(make_spec(**spec_fields))
     members = [down(view.members[0]), down(view.members[1]), lost_primary(view.members[2])]
     return spec, with_members(view, *members), status
