@@ -36,5 +36,12 @@ demo: setup
 crds: $(STAMP)
 	$(BIN)/pgherd crds --out crds --chart charts/pgherd/crds
 
+## Benchmarks (run by hand; they print ratios against references measured in the same run).
+bench-backup: setup
+	$(BIN)/python bench/backup_bench.py
+
+bench-failover: setup
+	$(BIN)/python bench/failover_bench.py
+
 clean:
 	rm -rf $(VENV) .tools .sandbox .sandbox-demo .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import yaml
 
 from pgherd.local.s3server import free_port
@@ -270,7 +271,23 @@ class PatroniCluster:
         replicas = [x for x in members if x.get("role") != "leader"]
         if not all(x.get("state") in ("running", "streaming") and x.get("lag") == 0 for x in replicas):
             return False
-        return not self.synchronous or any(x.get("role") == "sync_standby" for x in replicas)
+        if self.synchronous and not any(x.get("role") == "sync_standby" for x in replicas):
+            return False
+        # Patroni's lag compares with the leader's optime as of its last loop: a replica that is not
+        # streaming yet (its slot is created on the leader's next loop) still shows lag 0. Ask PostgreSQL.
+        return all(self._streaming(self.member(str(x["name"]))) for x in replicas)
+
+    def _streaming(self, m: PatroniMember) -> bool:
+        try:
+            with psycopg.connect(
+                f"host=127.0.0.1 port={m.pg_port} dbname=postgres user=postgres password={PASSWORD}",
+                connect_timeout=2,
+                autocommit=True,
+            ) as conn:
+                row = conn.execute("SELECT status FROM pg_stat_wal_receiver").fetchone()
+        except psycopg.Error:
+            return False
+        return row is not None and row[0] == "streaming"
 
     def wait_healthy(self, timeout: float = 180.0) -> None:
         self._wait(

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+import psycopg
+
 if __package__ in (None, ""):  # run as a script: make `e2e` and `bench` importable from the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -124,7 +126,15 @@ class PgherdSystem:
         self.driver.switchover()
 
     def wait_healthy(self) -> None:
-        self.driver.wait_for(healthy(3), 180, "a healthy 3-member cluster")
+        # As for Patroni: every replica streaming, not only reported ready.
+        self.driver.wait_for(
+            lambda s: (
+                healthy(3)(s)
+                and all(m.get("streaming", True) for m in s["members"] if m.get("role") == "replica")
+            ),
+            180,
+            "a healthy 3-member cluster with streaming replicas",
+        )
 
     def stop(self) -> None:
         self.driver.down()
@@ -138,7 +148,7 @@ class Result:
     switchovers: list[float] = field(default_factory=list)
     promoted: int = 0  # kills after which another member was primary
     acked: int = 0
-    lost: int = 0
+    lost: int | None = None  # None: could not be read back
     errors: list[str] = field(default_factory=list)
 
 
@@ -205,11 +215,18 @@ def measure(system: System, runs: int, log: Callable[[str], None], result: Resul
         system.wait_healthy()
     finally:
         report = load.stop()
-    result.acked = len(report.acked)
-    present = present_ids(system.rw_dsn(), TABLE)
-    lost = report.lost(present)
-    result.lost = len(lost)
-    log(f"[{system.label}] {report.summary()}; acknowledged writes lost: {len(lost)} {lost[:10]}")
+        result.acked = len(report.acked)
+        try:  # counted even after a failure: a lost acknowledged write matters most then
+            try:
+                present = present_ids(system.rw_dsn(), TABLE)
+            except psycopg.errors.UndefinedTable:
+                present = set()  # the primary promoted never received the table: every write is lost
+            lost = report.lost(present)
+        except Exception as exc:
+            log(f"[{system.label}] could not read the writes back: {exc}")
+        else:
+            result.lost = len(lost)
+            log(f"[{system.label}] {report.summary()}; acknowledged writes lost: {len(lost)} {lost[:10]}")
 
 
 def _stats(values: list[float]) -> str:
@@ -227,8 +244,9 @@ def print_table(results: list[Result], mode: str, detection_seconds: int) -> Non
     )
     for r in results:
         promoted = f"{r.promoted}/{len(r.failovers)}"
+        lost = "?" if r.lost is None else str(r.lost)
         print(
-            f"{r.label:<17} {_stats(r.failovers):>26} {promoted:>9} {_stats(r.switchovers):>32} {r.acked:>8} {r.lost:>5}"
+            f"{r.label:<17} {_stats(r.failovers):>26} {promoted:>9} {_stats(r.switchovers):>32} {r.acked:>8} {lost:>5}"
         )
         for error in r.errors:
             print(f"  error: {error}")

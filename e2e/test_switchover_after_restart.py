@@ -80,3 +80,21 @@ def test_switchover_to_a_member_that_just_came_back_loses_nothing(cluster: Drive
     assert_no_acknowledged_write_lost(cluster, report)
     for name in (old, *replicas(after)):
         wait_ids_on_member(cluster, name, report.acked_ids(), timeout=60)
+
+
+def test_switchover_without_a_target_under_async_load(cluster: Driver) -> None:
+    """In async mode too, the operator picks a caught-up replica by itself (drain, then promote)."""
+    before = cluster.wait_for(healthy(3), 180, "a healthy cluster before the switchover")
+    old = str(before["primary"])
+    load = WriteLoad(cluster.rw_dsn, pause=0.0).start()
+    try:
+        load.wait_for_acks(200)
+        cluster.switchover()
+        after = cluster.wait_for(
+            lambda s: s.get("primary") not in (None, old) and healthy(3)(s), 120, "the switchover to complete"
+        )
+        load.wait_for_acks(100)
+    finally:
+        report = load.stop()
+    print(f"\nswitchover {old} -> {after['primary']} (operator's choice, async); {report.summary()}")
+    assert_no_acknowledged_write_lost(cluster, report)

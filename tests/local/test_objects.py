@@ -42,7 +42,7 @@ def test_transition_rules_use_the_stored_object(tmp_path: Path) -> None:
 
 def test_bad_manifest_is_refused_with_its_field(tmp_path: Path) -> None:
     store = ObjectStore(SandboxPaths(tmp_path))
-    with pytest.raises(ManifestRefused, match="spec.instances"):
+    with pytest.raises(ManifestRefused, match=r"spec\.instances"):
         store.apply(_cluster(instances=40))
     assert not SandboxPaths(tmp_path).cluster_object.exists()
 

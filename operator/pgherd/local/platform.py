@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -91,7 +92,9 @@ class LocalPlatform:
         self.objects = objects
         self.bins = PgBinaries.find(state.pg_bindir)
         self.agent = agent_executable()
-        grant_traverse(self.agent, paths.root)
+        # archive_command and restore_command run as the postgres account: it must reach the venv's
+        # interpreter (often under /root/.pyenv) and the sandbox directory.
+        grant_traverse(self.agent, sys.executable, paths.root)
         self.jobs = LocalJobs(paths)
         self.members: dict[str, MemberState] = {}
         self.current_primary: str | None = None

@@ -90,14 +90,12 @@ class S3Server:
                 str(self.root),
                 "--addr",
                 f"{self.host}:{self.port}",
-                "--auth-key",
-                f"{self.access_key},{self.secret_key}",
                 "--etag-hash",
                 "",
                 "--dir-cache-time",
                 "1s",
                 "--log-level",
-                "ERROR",
+                "NOTICE",
             ]
         return [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.port)]
 
@@ -108,6 +106,8 @@ class S3Server:
         env = dict(os.environ)
         if self.backend == "moto":
             env.update({"MOTO_ALLOW_NONEXISTENT_REGION": "true"})
+        else:  # the key pair goes through the environment: never visible in `ps`
+            env["RCLONE_AUTH_KEY"] = f'"{self.access_key},{self.secret_key}"'  # one CSV field
         log = open(self.log_file, "ab")  # noqa: SIM115 - handed to the child process
         try:
             self._proc = subprocess.Popen(
