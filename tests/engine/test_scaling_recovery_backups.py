@@ -204,3 +204,23 @@ def test_deleting() -> None:
     spec, view, status = settled()
     d = decide(spec, replace(view, deleting=True), status)
     assert d.phase is Phase.DELETING and d.actions == ()
+
+
+def test_a_new_member_counts_only_once_it_holds_commits_acknowledged_before_it_joined() -> None:
+    """Found by the long property run: commits acknowledged under the narrower configuration are
+    below the primary's LSN when the wider one took effect; a member that has not received them yet
+    must not count for majorities (two such members could outvote the only holders)."""
+    spec, view, status = settled()
+    spec = make_spec(instances=4)
+    primary = replace(view.members[0], received_lsn=2000)
+    newcomer = replace(replica(3, spec, lsn=1500), upstream="pg-0")
+    view = with_members(view, primary, newcomer)
+    d1 = decide(spec, view, status)  # widen first: ANY 2 (pg-1, pg-2, pg-3)
+    assert d1.status.sync_pending == SyncConfig(2, frozenset({"pg-1", "pg-2", "pg-3"}))
+    applied = with_members(view, replace(primary, sync=d1.status.sync_pending))
+    d2 = decide(spec, applied, d1.status)
+    assert d2.status.sync_since_lsn == 2000
+    assert "pg-3" not in d2.status.voters  # still below 2000
+    caught_up = with_members(applied, replace(newcomer, received_lsn=2000))
+    d3 = decide(spec, caught_up, d2.status)
+    assert "pg-3" in d3.status.voters

@@ -184,9 +184,11 @@ def promote_step(ctx: Context, operation: Operation, phase: Phase) -> Outcome:
             reason=f"{operation.target} vanished while being promoted",
         ).at("fence", ctx.now)
         return advance(replace(ctx, status=replace(status, operation=again)), again)
-    others = [m for m in ctx.reachable_voters() if m.name == target.name or m.name != operation.source]
-    drained = 1 if operation.final_lsn is not None else 0  # a switchover's source handed over its WAL
-    if len(others) + drained < ctx.needed():
+    # The source is fenced by now: it counts when running read-only (Demote), or, stopped, when it
+    # handed all its WAL over (a switchover's final LSN).
+    others = ctx.reachable_voters()
+    drained = operation.final_lsn is not None and operation.source not in {m.name for m in others}
+    if len(others) + (1 if drained else 0) < ctx.needed():
         # Decided with a majority; never (re-)issued without one.
         message = f"waiting for a majority to promote {target.name}: {len(others)} reachable"
         return Outcome(phase, replace(status, operation=operation), message=message)

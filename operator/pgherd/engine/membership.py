@@ -55,13 +55,13 @@ def _quorum(ctx: Context, primary: MemberView) -> tuple[EngineStatus, list[Actio
     pending = status.sync_pending
     if pending is not None:
         if observed == pending:
-            status = replace(status, sync=observed, sync_pending=None)
+            status = replace(status, sync=observed, sync_pending=None, sync_since_lsn=primary.received_lsn)
         else:
             return status, [
                 SetSynchronousStandbys(primary.name, pending, reason="quorum change not yet observed")
             ]
     elif observed is not None and observed != status.sync:
-        status = replace(status, sync=observed)
+        status = replace(status, sync=observed, sync_since_lsn=primary.received_lsn)
     if status.sync is None:
         return status, []
     wanted = {v for v in status.voters if ctx.wanted(v)} | {primary.name}
@@ -78,6 +78,12 @@ def _quorum(ctx: Context, primary: MemberView) -> tuple[EngineStatus, list[Actio
         if step is None:
             return status, []
         if isinstance(step, VotersStep):
+            joining = [ctx.view.member(name) for name in sorted(step.voters - status.voters)]
+            if ctx.quorum_mode and not all(_holds_older_commits(status, m) for m in joining):
+                # Commits acknowledged under the narrower configuration are below sync_since_lsn: a
+                # member counts for majorities only once it has them (else a majority of voters could
+                # miss one). Wait for it to catch up.
+                return status, []
             if ctx.quorum_mode:
                 check(step.voters, primary.name, status.possible_sync_configs())
             status = replace(status, voters=step.voters)
@@ -88,6 +94,12 @@ def _quorum(ctx: Context, primary: MemberView) -> tuple[EngineStatus, list[Actio
         status = replace(status, sync_pending=step.config)
         return status, [SetSynchronousStandbys(primary.name, step.config, reason="quorum membership change")]
     raise AssertionError("the quorum resolver did not converge")
+
+
+def _holds_older_commits(status: EngineStatus, member: MemberView | None) -> bool:
+    if member is None or member.received_lsn is None:
+        return False
+    return status.sync_since_lsn is None or member.received_lsn >= status.sync_since_lsn
 
 
 def maintain(ctx: Context, reclone: frozenset[str] = frozenset()) -> Outcome:

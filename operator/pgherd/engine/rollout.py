@@ -4,9 +4,11 @@ The plan (replicas in order, then the primary) is recorded in ``status.operation
 restart. Each replica is restarted at the new revision and must be Ready and caught up before the
 next. Then, with ``upgrade.primaryUpdateMethod: switchover``, an updated replica takes over
 (switchover.py) and the old primary, now a replica, is restarted last; with ``restart`` the primary is
-restarted in place. The rollout aborts (phase Failed, condition Progressing=False) when a member does
-not come back in ``STEP_TIMEOUT``, when a restart would leave the primary fewer synchronous standbys
-than the quorum needs, or when the switchover fails. It never restarts the primary as a fallback.
+restarted in place (also with a single instance: no one to switch over to). Before each restart every
+other member must be ready and the remaining streaming standbys must still cover the quorum; the
+rollout waits for that. It aborts (phase Failed, condition Progressing=False) when a member does not
+come back, or the wait does not end, within ``STEP_TIMEOUT``, or when the switchover fails. It never
+restarts the primary as a fallback.
 """
 
 from __future__ import annotations

@@ -106,6 +106,10 @@ class EngineStatus:
     voters: frozenset[str] = field(default_factory=frozenset)
     sync: SyncConfig | None = None  # last confirmed on the primary
     sync_pending: SyncConfig | None = None  # asked for, not yet observed
+    # The primary's WAL position when ``sync`` was first observed in force: every commit acknowledged
+    # under an earlier configuration lies below it. A member counts as a voter only once it has
+    # received that much (see membership._quorum).
+    sync_since_lsn: int | None = None
     primary_lost_since: datetime | None = None
     quorum_lost_since: datetime | None = None
     last_scheduled_backup: datetime | None = None
@@ -118,7 +122,7 @@ class EngineStatus:
             "complete": self.complete,
             "voters": sorted(self.voters),
         }
-        for name in ("current_primary", "timeline"):
+        for name in ("current_primary", "timeline", "sync_since_lsn"):
             value = getattr(self, name)
             if value is not None:
                 out[_camel(name)] = value
@@ -156,6 +160,7 @@ class EngineStatus:
             voters=frozenset(data.get("voters", ())),
             sync=config("sync"),
             sync_pending=config("syncPending"),
+            sync_since_lsn=data.get("syncSinceLsn"),
             primary_lost_since=moment("primaryLostSince"),
             quorum_lost_since=moment("quorumLostSince"),
             last_scheduled_backup=moment("lastScheduledBackup"),

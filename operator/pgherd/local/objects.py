@@ -7,6 +7,7 @@ status is written apart from the spec, as through the status subresource.
 
 from __future__ import annotations
 
+import secrets
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -125,8 +126,11 @@ class ObjectStore:
             write_json(path, {**stored, "status": status})
 
     # --- switchover requests (the pgherd.io/switchover-to annotation on Kubernetes) -----------------
-    def request_switchover(self, to: str | None) -> None:
-        write_json(self.paths.switchover_request, {"to": to, "requestedAt": now_iso()})
+    def request_switchover(self, to: str | None) -> str:
+        """Ask for a switchover; returns the request's id, which its result carries."""
+        request_id = secrets.token_hex(6)
+        write_json(self.paths.switchover_request, {"to": to, "requestedAt": now_iso(), "id": request_id})
+        return request_id
 
     def switchover_request(self) -> dict[str, Any] | None:
         found: dict[str, Any] | None = read_json(self.paths.switchover_request)

@@ -27,7 +27,9 @@ SELECT pg_is_in_recovery(),
        (SELECT sender_port FROM pg_stat_wal_receiver),
        current_setting('synchronous_standby_names'),
        (SELECT coalesce(last_failed_time < last_archived_time, last_failed_time IS NULL)
-          FROM pg_stat_archiver)
+          FROM pg_stat_archiver),
+       (SELECT max(('x' || substr(name, 1, 8))::bit(32)::int) FROM pg_ls_waldir()
+         WHERE name ~ '^[0-9A-F]{24}$' OR name ~ '^[0-9A-F]{8}[.]history$')
 """
 
 
@@ -87,10 +89,17 @@ def observe(dsn: str) -> Observation:
         sender_port,
         sync,
         archiving,
+        waldir_tli,
     ) = row
     replayed_lsn = parse_lsn(replayed) if replayed else None
     received_lsn = parse_lsn(received) if received else replayed_lsn
-    timeline = (received_tli or checkpoint_tli) if in_recovery else (wal_tli or checkpoint_tli)
+    if in_recovery:
+        # The newest timeline the replica holds WAL for. Its last restartpoint (pg_control) may still be
+        # on an older one long after it followed a promotion, and its receiver is gone when the primary is:
+        # exactly when the engine must know which history it is on.
+        timeline = max(t for t in (received_tli, checkpoint_tli, waldir_tli) if t is not None)
+    else:
+        timeline = wal_tli or checkpoint_tli
     return Observation(
         reachable=True,
         in_recovery=bool(in_recovery),

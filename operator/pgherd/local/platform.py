@@ -41,7 +41,7 @@ from pgherd.engine.view import (
     member_name,
 )
 from pgherd.local.jobs import LocalJobs, agent_executable
-from pgherd.local.layout import SandboxPaths
+from pgherd.local.layout import SandboxPaths, read_json, write_json
 from pgherd.local.objects import ObjectStore, now_iso
 from pgherd.local.observe import Observation, observe
 from pgherd.local.state import MemberState, SandboxState
@@ -333,11 +333,20 @@ class LocalPlatform:
         self._start(name)
 
     def _keep_aside(self, name: str) -> Path:
+        """Move a member's data directory aside (never delete it) and record where it went."""
         pgdata = self.paths.member_data(name)
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
         kept = pgdata.with_name(f"data.aside-{stamp}")
         os.rename(pgdata, kept)
+        with self._lock:
+            record = read_json(self.paths.root / "kept-aside.json", []) or []
+            record.append({"member": name, "path": str(kept), "at": time.time()})
+            write_json(self.paths.root / "kept-aside.json", record)
         return kept
+
+    def kept_aside_since(self, since: float) -> list[str]:
+        record = read_json(self.paths.root / "kept-aside.json", []) or []
+        return [entry["path"] for entry in record if entry["at"] >= since]
 
     # --- observation --------------------------------------------------------------------------------
     def observe_members(self) -> tuple[list[MemberView], dict[str, Observation]]:
@@ -725,6 +734,7 @@ class LocalPlatform:
         job = self.jobs.job(JobKind.RESTORE, action.restore)
         if name not in self.members or (job.folder / "job.json").exists() or self.busy(name):
             return
+        started_at = time.time()
         self._stop(name, fast_timeout=5)
         pgdata = self.paths.member_data(name)
         kept = self._keep_aside(name) if pgdata.exists() else None
@@ -744,6 +754,7 @@ class LocalPlatform:
             self.pg_env(),
             member=name,
             kept_aside=str(kept) if kept else None,
+            started_at=started_at,
             snapshot=snapshot,
         )
         self.objects.update_status("Restore", action.restore, startedAt=now_iso(), snapshotId=snapshot)
@@ -795,9 +806,10 @@ class LocalPlatform:
         }
         if action.phase in ("Completed", "Failed"):
             fields["completedAt"] = now_iso()
-            kept = self.jobs.job(JobKind.RESTORE, action.name).meta.get("kept_aside")
+            meta = self.jobs.job(JobKind.RESTORE, action.name).meta
+            kept = self.kept_aside_since(float(meta.get("started_at", 0))) if meta else []
             if kept:
-                fields["keptData"] = [kept]
+                fields["keptData"] = kept
         self.objects.update_status("Restore", action.name, **fields)
 
     def _do_Prune(self, action: act.Prune, spec: PostgresClusterSpec) -> None:

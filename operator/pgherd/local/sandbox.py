@@ -260,11 +260,11 @@ class Sandbox:
             return before
         result_file = self.paths.objects / "switchover-result.json"
         result_file.unlink(missing_ok=True)
-        self.objects.request_switchover(to)
+        request_id = self.objects.request_switchover(to)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             result = read_json(result_file)
-            if result is not None:
+            if result is not None and result.get("id") == request_id:
                 status = self.status()
                 if result.get("result") != "done":
                     raise SandboxError(f"switchover to {result.get('to')} {result.get('result')}")

@@ -76,8 +76,7 @@ class Supervisor:
         recorded = read_json(self.paths.status_file, {}) or {}
         return EngineStatus.from_dict(recorded.get("engine", {}))
 
-    def switchover_target(self) -> str | None:
-        request = self.objects.switchover_request()
+    def switchover_target(self, request: dict[str, Any] | None) -> str | None:
         if request is None:
             return None
         target = request.get("to")
@@ -85,7 +84,8 @@ class Supervisor:
             return str(target)
         best = self._best_switchover_target()
         if best is not None:  # resolved once, so that the target stays put during the switchover
-            write_json(self.paths.switchover_request, {**request, "to": best})
+            request["to"] = best
+            write_json(self.paths.switchover_request, request)
         return best
 
     def _best_switchover_target(self) -> str | None:
@@ -126,12 +126,14 @@ class Supervisor:
             self.platform.keep_running(spec)
             self.platform.advance_restores(spec)
             self.platform.advance_verifications()
-        target = self.switchover_target()
+        # One snapshot of the request per tick: a request written during this tick waits for the next.
+        request = self.objects.switchover_request()
+        target = self.switchover_target(request)
         view, seen = self.platform.view(spec, target)
         decision = decide(spec, view, status)
         self.write_status(cluster, spec, decision, seen)
         self.platform.current_primary = decision.status.current_primary
-        self._clear_switchover(decision, target)
+        self._clear_switchover(decision, request, target)
         issued = {repr(a) for a in decision.actions}
         for action in decision.actions:
             if (
@@ -148,9 +150,10 @@ class Supervisor:
             log.info("phase %s: %s", decision.phase.value, decision.message)
             self.last_phase, self.last_message = decision.phase.value, decision.message
 
-    def _clear_switchover(self, decision: Decision, target: str | None) -> None:
-        request = self.objects.switchover_request()
-        if request is None:
+    def _clear_switchover(
+        self, decision: Decision, request: dict[str, Any] | None, target: str | None
+    ) -> None:
+        if request is None or self.objects.switchover_request() != request:
             return
         aborted = decision.status.aborted
         done = (
@@ -158,12 +161,14 @@ class Supervisor:
             and decision.status.current_primary == target
             and decision.status.operation is None
         )
-        refused = aborted is not None and aborted.kind is OperationKind.SWITCHOVER
+        refused = (
+            aborted is not None and aborted.kind is OperationKind.SWITCHOVER and aborted.target == target
+        )
         if done or refused or target is None:
             result = "done" if done else ("refused: " + (aborted.failed or "") if aborted else "no candidate")
             write_json(
                 self.paths.objects / "switchover-result.json",
-                {"to": target, "result": result, "at": now_iso()},
+                {"to": target, "result": result, "at": now_iso(), "id": request.get("id")},
             )
             self.objects.clear_switchover()
 
