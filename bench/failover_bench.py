@@ -10,6 +10,10 @@ loop the e2e scenarios use) through a libpq multi-host read-write DSN, then
   * switchover write unavailability: the longest gap between two acknowledged writes around a
     planned switchover (patronictl switchover --force, pgherd sandbox switchover);
   * acknowledged writes lost: acknowledged ids missing from the primary at the end.
+Each kill and switchover starts from a steady cluster: every replica streaming, as PostgreSQL itself
+reports (Patroni's lag reads 0 before a new replica's slot exists). The "promoted" column counts the
+kills after which another member was primary: writes can also come back because the killed member was
+restarted in place, which is no failover.
 It prints min/median/max per system and the ratios to pgherd. Run by hand (root or any user with a
 `postgres` account); it is not a test and asserts nothing about time.
 

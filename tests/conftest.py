@@ -231,7 +231,14 @@ class PgInstance:
         return bool(self.value("SELECT pg_is_in_recovery()"))
 
     def timeline(self) -> int:
-        return int(self.value("SELECT timeline_id FROM pg_control_checkpoint()"))
+        """The timeline the server writes or replays now. pg_control's checkpoint lags a promotion until
+        the end-of-recovery checkpoint completes, so a primary's timeline comes from its current WAL file."""
+        return int(
+            self.value(
+                "SELECT CASE WHEN pg_is_in_recovery() THEN (SELECT timeline_id FROM pg_control_checkpoint())"
+                " ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int END"
+            )
+        )
 
     def wait_until(self, predicate: Callable[[], bool], what: str, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout

@@ -27,28 +27,34 @@ from pgherd.engine.status import Operation, OperationKind
 from pgherd.engine.view import MemberView, Role
 
 
-def eligible(ctx: Context, old: str | None) -> list[MemberView]:
-    """Reachable replicas among the voters, on the timeline of the failed primary, best first.
-
-    The failed primary itself qualifies once fenced and started read-only (Demote): it then holds every
-    commit it acknowledged and cannot write.
-
-    A member on an older timeline (an earlier primary not yet rejoined) reports LSNs of another
-    history: it is neither a candidate nor counted as holding the acknowledged commits.
-    """
-    members = [
+def reachable_replicas(ctx: Context, old: str | None) -> list[MemberView]:
+    """Voters that can count for a failover: reachable replicas reporting their WAL position. The
+    failed primary itself qualifies once fenced and started read-only (Demote): it then holds every
+    commit it acknowledged and cannot write."""
+    return [
         m
         for m in ctx.voter_views()
         if m.reachable
         and m.role is Role.REPLICA
         and m.received_lsn is not None
-        and (
-            # The old primary only once fenced and running read-only; its own timeline is the latest
-            # (it may have been promoted by an operation that never saw it confirmed).
-            m.fenced if m.name == old else ctx.on_current_timeline(m)
-        )
+        and (m.name != old or m.fenced)
     ]
-    return sorted(members, key=by_most_data)
+
+
+def eligible(ctx: Context, old: str | None) -> list[MemberView]:
+    """The candidates, best first: reachable replicas on the newest timeline among them.
+
+    Only the engine promotes, one member at a time, so the newest timeline is the latest history; a
+    member on an older one (an earlier primary not rejoined yet, or a replica that never followed a
+    promotion) reports LSNs of another history. Every ack set of the failed primary streams from it, on
+    its timeline, so a reachable majority that intersects the ack sets contains a member on that
+    timeline, and the newest timeline among the reachable is the failed primary's whenever it matters.
+    """
+    replicas = reachable_replicas(ctx, old)
+    if not replicas:
+        return []
+    newest = max(m.timeline or 0 for m in replicas)
+    return sorted((m for m in replicas if (m.timeline or 0) == newest), key=by_most_data)
 
 
 def standby_starts(ctx: Context) -> tuple[Action, ...]:
@@ -66,8 +72,8 @@ def unsafe_reason(ctx: Context, old: str | None, reachable: list[MemberView]) ->
     needed = ctx.needed()
     if len(reachable) < needed:
         return (
-            f"only {len(reachable)} of {len(ctx.status.voters)} members are reachable replicas on"
-            f" timeline {ctx.status.timeline}; a majority ({needed}) is needed to promote"
+            f"only {len(reachable)} of {len(ctx.status.voters)} members are reachable replicas;"
+            f" a majority ({needed}) is needed to promote"
         )
     if ctx.quorum_mode and old is not None:
         configs = ctx.status.possible_sync_configs()
@@ -92,7 +98,7 @@ def _assess(ctx: Context) -> Outcome:
     old = status.current_primary
     since = status.primary_lost_since or ctx.now
     status = replace(status, primary_lost_since=since)
-    reachable = eligible(ctx, old)
+    reachable = reachable_replicas(ctx, old)
     needed = ctx.needed()
     if len(ctx.reachable_voters()) < needed:
         return recovery.on_quorum_loss(replace(ctx, status=status), f"primary {old} is not available")
@@ -141,8 +147,9 @@ def advance(ctx: Context, operation: Operation) -> Outcome:
                 (Fence(member.name, reason=operation.reason),),
                 message=f"fencing the old primary {old}",
             )
-        reachable = eligible(ctx, old)
-        problem = unsafe_reason(ctx, old, reachable)
+        reachable = reachable_replicas(ctx, old)
+        candidates = eligible(ctx, old)
+        problem = unsafe_reason(ctx, old, reachable) if candidates else "no reachable replica"
         if problem is not None:
             if len(ctx.reachable_voters()) < ctx.needed():
                 outcome = recovery.on_quorum_loss(ctx, f"failover from {old} waits for a majority")
@@ -151,7 +158,7 @@ def advance(ctx: Context, operation: Operation) -> Outcome:
             if outcome.status.operation is operation:
                 outcome = replace(outcome, actions=outcome.actions + standby_starts(ctx))
             return outcome
-        operation = replace(operation, target=reachable[0].name).at("promote", ctx.now)
+        operation = replace(operation, target=candidates[0].name).at("promote", ctx.now)
         ctx = replace(ctx, status=replace(status, operation=operation))
     if operation.step == "promote":
         return promote_step(ctx, operation, Phase.FAILING_OVER)
