@@ -625,9 +625,40 @@ class LocalPlatform:
         if self.running(action.member) and not self.busy(action.member):
             self._stop(action.member, fast_timeout=5)
 
+    def _do_Demote(self, action: act.Demote, spec: PostgresClusterSpec) -> None:
+        """Start a fenced member read-only with no upstream: its WAL can then be counted and chosen."""
+        name = action.member
+        member = self.members.get(name)
+        pgdata = self.paths.member_data(name)
+        if member is None or self.busy(name) or self.running(name) or not (pgdata / "PG_VERSION").exists():
+            return
+
+        def demote() -> None:
+            write_standby_config(pgdata, "")
+            # Its own WAL only: no archive, so that it cannot wander onto another member's timeline.
+            update_pgherd_conf(pgdata, {"restore_command": None, "primary_conninfo": None})
+            self._start(name)
+
+        self._spawn(name, "read-only start of", demote)
+
+    def _do_Unfence(self, action: act.Unfence, spec: PostgresClusterSpec) -> None:
+        """Start a fenced member again as it was (a switchover abandoned before any promotion)."""
+        name = action.member
+        member = self.members.get(name)
+        if member is None or self.busy(name):
+            return
+        member.fenced = False
+        member.save(self.paths)
+        if not self.running(name):
+            self._spawn(name, "unfence", lambda: self._start(name))
+
     def _do_Promote(self, action: act.Promote, spec: PostgresClusterSpec) -> None:
         if action.member not in self.members or self.busy(action.member):
             return
+        member = self.members[action.member]
+        if member.fenced:
+            member.fenced = False  # a promoted member is the primary: never fenced
+            member.save(self.paths)
         with psycopg.connect(self.superuser_dsn(action.member), autocommit=True, connect_timeout=2) as conn:
             row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
             if row and row[0]:
