@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
 import tarfile
 
 import pytest
@@ -11,7 +12,13 @@ import pytest
 from pgherd_backup.compression import CODECS, Codec
 from pgherd_backup.errors import IntegrityError, UsageError
 from pgherd_backup.manifest import DataObject, Manifest, Part, parse_time, snapshot_id
-from pgherd_backup.postgres.config import quote, read_pgherd_conf, update_pgherd_conf, write_pgherd_conf
+from pgherd_backup.postgres.config import (
+    quote,
+    read_pgherd_conf,
+    restore_command,
+    update_pgherd_conf,
+    write_pgherd_conf,
+)
 from pgherd_backup.restore import RecoveryTarget
 from pgherd_backup.store import StoreLocation
 from pgherd_backup.tarstream import TarTap, extract
@@ -138,3 +145,29 @@ def test_targets_and_locations():
     location = StoreLocation.parse("s3://bucket/some/path/", "main")
     assert location.system_prefix("42") == "some/path/main/42/"
     assert StoreLocation.parse("s3://bucket", "main").cluster_prefix == "main/"
+
+
+def test_restore_command_takes_a_streamed_history_file_from_pg_wal(tmp_path):
+    """Run the command as PostgreSQL does (sh -c, in the data directory, %f and %p substituted): a
+    history file already in pg_wal is copied without the agent; anything else goes to the agent."""
+    calls = tmp_path / "agent-calls"
+    agent = tmp_path / "fake-agent"
+    agent.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexit 1\n')
+    agent.chmod(0o755)
+    pgdata = tmp_path / "data"
+    (pgdata / "pg_wal").mkdir(parents=True)
+    (pgdata / "pg_wal" / "00000002.history").write_text("1\t0/3000000\tno recovery target specified\n")
+
+    def run(name: str) -> int:
+        command = restore_command(str(agent)).replace("%f", name).replace("%p", "pg_wal/RECOVERYHISTORY")
+        return subprocess.run(["sh", "-c", command], cwd=pgdata).returncode
+
+    assert run("00000002.history") == 0
+    assert (pgdata / "pg_wal" / "RECOVERYHISTORY").read_text().startswith("1\t0/3000000")
+    assert not calls.exists()
+    assert run("00000003.history") == 1  # not streamed: asked of the archive
+    assert run("000000020000000000000004") == 1  # segments always come from the archive
+    assert calls.read_text().split("\n")[:2] == [
+        "wal-fetch 00000003.history pg_wal/RECOVERYHISTORY",
+        "wal-fetch 000000020000000000000004 pg_wal/RECOVERYHISTORY",
+    ]

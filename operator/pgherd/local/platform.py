@@ -623,7 +623,22 @@ class LocalPlatform:
             member.save(self.paths)
             log.info("fencing %s (%s)", action.member, action.reason)
         if self.running(action.member) and not self.busy(action.member):
+            self._checkpoint_before_stop(action.member)
             self._stop(action.member, fast_timeout=5)
+
+    def _checkpoint_before_stop(self, name: str) -> None:
+        """A CHECKPOINT while the primary still takes writes, so that the shutdown checkpoint inside the
+        write outage of a switchover has almost nothing left to flush. Only for a member that answered the
+        last observation: a dead or cut-off one is stopped at once."""
+        obs = self._observed.get(name)
+        if obs is None or not obs.reachable or obs.in_recovery:
+            return
+        with (
+            contextlib.suppress(psycopg.Error),
+            psycopg.connect(self.superuser_dsn(name), autocommit=True, connect_timeout=1) as conn,
+        ):
+            conn.execute("SET statement_timeout = '10s'")
+            conn.execute("CHECKPOINT")
 
     def _do_Demote(self, action: act.Demote, spec: PostgresClusterSpec) -> None:
         """Start a fenced member read-only with no upstream: its WAL can then be counted and chosen."""
@@ -664,6 +679,36 @@ class LocalPlatform:
             if row and row[0]:
                 conn.execute("SELECT pg_promote(false)")  # the next observation confirms it
                 log.info("promoted %s (%s)", action.member, action.reason)
+                self._follow_early(action.member)
+
+    def _follow_early(self, promoted: str) -> None:
+        """Point the replicas that lost their upstream at the member being promoted, while it promotes.
+
+        The engine re-points them (Rejoin) once it observes the promotion; doing it now overlaps their
+        reconnection with the promotion, and in quorum mode the first commit on the new primary waits
+        for one of them. A replica holding more WAL than the promoted member is left to the engine's
+        Rejoin (it needs a rewind), and so is any member that is fenced, busy or not observed.
+        """
+        target = self._observed.get(promoted)
+        if target is None or target.received_lsn is None:
+            return
+        for name, obs in self._observed.items():
+            member = self.members.get(name)
+            if (
+                name == promoted
+                or member is None
+                or member.fenced
+                or self.busy(name)
+                or not (obs.reachable and obs.in_recovery)
+                or obs.receiver_streaming
+                or obs.received_lsn is None
+                or obs.received_lsn > target.received_lsn
+                or self._repointed.get(name) == promoted
+            ):
+                continue
+            with contextlib.suppress(Exception):
+                self._repoint(name, promoted)
+                self._rejoin_asked[name] = time.time()
 
     def _do_SetPrimary(self, action: act.SetPrimary, spec: PostgresClusterSpec) -> None:
         # The rw DSN selects the only read-write member: nothing to re-label locally.

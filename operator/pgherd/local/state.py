@@ -40,7 +40,7 @@ class SandboxState:
     app_database: str
     app_password: str
     restart_delay: float = 10.0
-    tick: float = 0.5
+    tick: float = 0.25  # seconds between two observations of a steady cluster (0.2 while acting)
     pg_bindir: str | None = None
 
     def port_of(self, ordinal: int) -> int:
