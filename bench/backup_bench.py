@@ -1,5 +1,6 @@
 """Backup benchmark: pgherd-backup against pg_basebackup to local disk and barman-cloud, measured in
-the same run, on the same database and the same S3 server (rclone serve s3 on 127.0.0.1).
+the same run, on the same database and the same S3 server (rclone serve s3 on 127.0.0.1). Each figure
+is the median of --repeat runs (3 by default): on a 2-core machine one run can be 20% off.
 
     .venv/bin/python bench/backup_bench.py                  # scale 100 + 512 MiB of random text
     .venv/bin/python bench/backup_bench.py --scale 10 --text-mb 64   # quick run while debugging
@@ -17,12 +18,13 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,8 +69,40 @@ class Measure:
     cpu_seconds: float = 0.0  # user+system CPU of the process tree (not the server nor S3)
 
 
-def measure(label: str, args: Sequence[str], env: dict[str, str] | None = None) -> Measure:
+REPEAT = 1  # set from --repeat: each figure is the median of this many runs
+
+
+def measure(
+    label: str,
+    args: Sequence[str],
+    env: dict[str, str] | None = None,
+    before: Callable[[], None] | None = None,
+) -> Measure:
+    """Run the command REPEAT times (calling `before` ahead of each run, untimed): the median wall
+    time and CPU, the highest peak memory; a failed run makes the measure failed."""
     print(f"-- {label}: {' '.join(args)[:160]}", flush=True)
+    runs = []
+    for _ in range(REPEAT):
+        if before is not None:
+            before()
+        runs.append(_measure_once(label, args, env))
+        if not runs[-1].ok:
+            return runs[-1]
+    if len(runs) == 1:
+        return runs[0]
+    result = Measure(
+        label,
+        statistics.median(r.seconds for r in runs),
+        max(r.peak_rss for r in runs),
+        True,
+        runs[-1].detail,
+        statistics.median(r.cpu_seconds for r in runs),
+    )
+    print(f"   median of {len(runs)}: {result.seconds:5.1f} s", flush=True)
+    return result
+
+
+def _measure_once(label: str, args: Sequence[str], env: dict[str, str] | None) -> Measure:
     os.sync()  # start every run with no dirty pages left by the previous one (not timed)
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
@@ -96,6 +130,17 @@ def measure(label: str, args: Sequence[str], env: dict[str, str] | None = None) 
     result = Measure(label, elapsed, peak, ok, out.strip()[-2000:], cpu)
     print(f"   {elapsed:7.1f} s   CPU {cpu:6.1f} s   peak RSS {peak / 2**20:6.0f} MiB", flush=True)
     return result
+
+
+def _emptied(path: Path, create: bool = False) -> Callable[[], None]:
+    """A `before` step: remove what the previous run left at `path` (and make it again, empty)."""
+
+    def empty() -> None:
+        shutil.rmtree(path, ignore_errors=True)
+        if create:
+            path.mkdir(parents=True)
+
+    return empty
 
 
 def ensure_barman() -> Path:
@@ -136,7 +181,10 @@ def main() -> int:
     parser.add_argument("--skip-barman", action="store_true")
     parser.add_argument("--barman-gzip", action="store_true", help="also barman-cloud with gzip (slow)")
     parser.add_argument("--json", default=None, help="also write the results to this file")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per figure; the median is reported")
     args = parser.parse_args()
+    global REPEAT
+    REPEAT = max(1, args.repeat)
 
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -198,6 +246,7 @@ def main() -> int:
                             *flags,
                         ],
                         env,
+                        before=_emptied(target),
                     )
                 )
             shutil.rmtree(target, ignore_errors=True)
@@ -221,6 +270,7 @@ def main() -> int:
                         "fast",
                         f"--compress=client-{codec}:1" if codec == "zstd" else f"--compress=client-{codec}",
                     ],
+                    before=_emptied(local),
                 )
             )
             extracted = work / f"extract-{codec}"
@@ -231,6 +281,7 @@ def main() -> int:
                 measure(
                     f"tar -x local ({codec})",
                     ["tar", f"--use-compress-program={codec} -d", "-xf", str(archive), "-C", str(extracted)],
+                    before=_emptied(extracted, create=True),
                 )
             )
             shutil.rmtree(extracted, ignore_errors=True)
@@ -280,6 +331,7 @@ def main() -> int:
                         f"barman-cloud-restore ({codec})",
                         [str(barman / "barman-cloud-restore"), *cloud, url, "bench", backup_id, str(target)],
                         env,
+                        before=_emptied(target),
                     )
                 )
                 shutil.rmtree(target, ignore_errors=True)

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import threading
 import time
@@ -279,7 +280,7 @@ def take_snapshot(
     if not options.verify_checksums:
         args.append("--no-verify-checksums")
     proc = subprocess.Popen(
-        args,
+        _large_stdout_writes(args),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -389,6 +390,14 @@ def _forget(store: Store, keys: list[str]) -> None:
     with contextlib.suppress(BackupError):
         if keys:
             store.delete(keys)
+
+
+def _large_stdout_writes(args: list[str]) -> list[str]:
+    """pg_basebackup writes the tar to stdout through stdio in chunks of a few kB: about 140,000 write
+    calls for 2 GB, a second of system CPU on each side of the pipe. coreutils' stdbuf gives its stdout
+    a 1 MiB buffer (where stdbuf is missing, the stream is the same, only slower)."""
+    stdbuf = shutil.which("stdbuf")
+    return [stdbuf, "-o", "1M", *args] if stdbuf else args
 
 
 def _basebackup_env() -> dict[str, str]:
