@@ -417,6 +417,15 @@ class PostgresClusterStatus(StatusModel):
         description="The multi-step operation in progress: its kind, plan and the steps done.",
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
+    engine: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "The engine's memory between two decisions (quorum members, synchronous standby steps,"
+            " failure clocks, the last aborted operation), written before any action; a restarted"
+            " operator resumes from it. Owned by the operator."
+        ),
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
     last_successful_backup: str | None = None
     first_recoverability_point: str | None = None
     message: str | None = None
