@@ -12,9 +12,10 @@ LABEL org.opencontainers.image.title="pgherd" \
       org.opencontainers.image.description="PostgreSQL with the pgherd operator and backup agent" \
       org.opencontainers.image.licenses="Apache-2.0"
 
-# Debian bookworm's python3 is 3.11, the version pgherd requires.
+# Debian bookworm's python3 is 3.11, the version pgherd requires. curl: restore_command asks the
+# instance's WAL service over a Unix socket before it starts the agent (pgherd_backup/walservice.py).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 python3-venv \
+    && apt-get install -y --no-install-recommends python3 python3-venv curl \
     && rm -rf /var/lib/apt/lists/*
 
 # Bytecode is compiled at install time: the containers run with a read-only root filesystem.

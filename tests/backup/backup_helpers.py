@@ -33,3 +33,31 @@ def random_blob_table(instance: Any, megabytes: int) -> None:
 
 def set_port(instance: Any) -> None:
     config.update_pgherd_conf(instance.pgdata, {"port": instance.port})
+
+
+def run_restore_command(
+    command: str,
+    name: str,
+    pgdata: Any,
+    dest: str = "pg_wal/RECOVERYXLOG",
+    env: dict[str, str] | None = None,
+) -> int:
+    """Run a restore_command as PostgreSQL does: %f, %p and %% replaced, through sh, in the data
+    directory (with `env` added to the environment); returns its exit status."""
+    import os
+    import re
+    import subprocess
+
+    line = re.sub(r"%([fp%])", lambda m: {"f": name, "p": dest, "%": "%"}[m.group(1)], command)
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(["sh", "-c", line], cwd=pgdata, env=full_env, timeout=60).returncode
+
+
+def recording_agent(directory: Any) -> tuple[str, Any]:
+    """A stand-in for pgherd-backup that records its arguments and answers "not archived" (exit 1):
+    (its path, the file its calls are written to)."""
+    calls = directory / "agent-calls"
+    agent = directory / "recording-agent"
+    agent.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexit 1\n')
+    agent.chmod(0o755)
+    return str(agent), calls

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import io
 import os
-import subprocess
 import tarfile
 
 import pytest
+from backup_helpers import recording_agent, run_restore_command
 
 from pgherd_backup.compression import CODECS, Codec
 from pgherd_backup.errors import IntegrityError, UsageError
@@ -148,26 +148,19 @@ def test_targets_and_locations():
 
 
 def test_restore_command_takes_a_streamed_history_file_from_pg_wal(tmp_path):
-    """Run the command as PostgreSQL does (sh -c, in the data directory, %f and %p substituted): a
-    history file already in pg_wal is copied without the agent; anything else goes to the agent."""
-    calls = tmp_path / "agent-calls"
-    agent = tmp_path / "fake-agent"
-    agent.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexit 1\n')
-    agent.chmod(0o755)
+    """A history file already in pg_wal is copied without the agent; anything else goes to the agent."""
+    agent, calls = recording_agent(tmp_path)
     pgdata = tmp_path / "data"
     (pgdata / "pg_wal").mkdir(parents=True)
     (pgdata / "pg_wal" / "00000002.history").write_text("1\t0/3000000\tno recovery target specified\n")
+    command = restore_command(agent)
 
-    def run(name: str) -> int:
-        command = restore_command(str(agent)).replace("%f", name).replace("%p", "pg_wal/RECOVERYHISTORY")
-        return subprocess.run(["sh", "-c", command], cwd=pgdata).returncode
-
-    assert run("00000002.history") == 0
+    assert run_restore_command(command, "00000002.history", pgdata, "pg_wal/RECOVERYHISTORY") == 0
     assert (pgdata / "pg_wal" / "RECOVERYHISTORY").read_text().startswith("1\t0/3000000")
     assert not calls.exists()
-    assert run("00000003.history") == 1  # not streamed: asked of the archive
-    assert run("000000020000000000000004") == 1  # segments always come from the archive
-    assert calls.read_text().split("\n")[:2] == [
-        "wal-fetch 00000003.history pg_wal/RECOVERYHISTORY",
-        "wal-fetch 000000020000000000000004 pg_wal/RECOVERYHISTORY",
+    assert run_restore_command(command, "00000003.history", pgdata) == 1  # not streamed: the archive
+    assert run_restore_command(command, "000000020000000000000004", pgdata) == 1  # segments: the archive
+    assert calls.read_text().splitlines() == [
+        "wal-fetch 00000003.history pg_wal/RECOVERYXLOG",
+        "wal-fetch 000000020000000000000004 pg_wal/RECOVERYXLOG",
     ]

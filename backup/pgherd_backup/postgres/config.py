@@ -163,19 +163,35 @@ def archive_command(executable: str, store: str | None = None, cluster: str | No
     return agent_command(executable, "wal-push", *flags, "%p")
 
 
-def restore_command(executable: str, store: str | None = None, cluster: str | None = None) -> str:
-    """`restore_command` through wal-fetch, with one shortcut taken by the shell.
+def restore_command(
+    executable: str,
+    store: str | None = None,
+    cluster: str | None = None,
+    *,
+    wal_service: str | None = None,
+) -> str:
+    """`restore_command` through wal-fetch, with two shortcuts taken by the shell.
 
-    At every timeline switch a standby asks for the new timeline's history file several times, inside
-    the write outage of a failover or switchover (in quorum mode the new primary's first commit waits
-    for a standby that has switched). Streaming replication has already written that file into pg_wal,
-    and a history file never changes once written (timeline ids are chosen so that the archive does not
-    hold them yet), so the local copy is used without starting the agent. Everything else, and a
-    history file that is not there, is fetched from the archive.
+    - At every timeline switch a standby asks for the new timeline's history file several times,
+      inside the write outage of a failover or switchover. Streaming replication has already written
+      it into pg_wal, and a history file never changes (timeline ids are chosen so that the archive
+      does not hold them yet): the local copy is used without starting the agent.
+    - With `wal_service` (the Unix socket of pgherd_backup.walservice), the service is asked first
+      whether the archive holds the file at all; only its 404 answers "not archived" without starting
+      the agent. Anything else (archived, no answer, no curl) runs wal-fetch as without the service.
+
+    `%%` is PostgreSQL's escape for a literal `%` (curl's `%{http_code}`).
     """
     flags = [*(["--store", store] if store else []), *(["--cluster", cluster] if cluster else [])]
     fetch = agent_command(executable, "wal-fetch", *flags, "%f", "%p")
-    return f'case %f in *.history) test -f pg_wal/%f && exec cp pg_wal/%f "%p";; esac; {fetch}'
+    steps = ['case %f in *.history) test -f pg_wal/%f && exec cp pg_wal/%f "%p";; esac']
+    if wal_service:
+        steps.append(
+            "test \"$(curl -s -o /dev/null -w '%%{http_code}' --max-time 2 --unix-socket "
+            f'{shlex.quote(wal_service)} "http://pgherd/wal/%f?pgdata=$PWD" 2>/dev/null)" = 404 && exit 1'
+        )
+    steps.append(fetch)
+    return "; ".join(steps)
 
 
 def _touch(path: Path) -> None:

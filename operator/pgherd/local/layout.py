@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pgherd_backup.walservice import socket_path_for
+
 
 @dataclass(frozen=True)
 class SandboxPaths:
@@ -41,6 +43,11 @@ class SandboxPaths:
     @property
     def switchover_request(self) -> Path:
         return self.objects / "switchover.json"
+
+    @property
+    def wal_socket(self) -> Path:
+        """The supervisor's WAL service (pgherd_backup.walservice), asked by the members' restore_command."""
+        return socket_path_for(self.root)
 
     @property
     def members(self) -> Path:

@@ -192,7 +192,7 @@ class LocalPlatform:
         )
 
     def restore_command(self) -> str:
-        return restore_command(self.agent)
+        return restore_command(self.agent, wal_service=str(self.paths.wal_socket))
 
     # --- the kubelet's part -----------------------------------------------------------------------
     def busy(self, name: str) -> bool:

@@ -28,6 +28,8 @@ from pgherd.local.observe import Observation
 from pgherd.local.platform import LocalPlatform
 from pgherd.local.s3server import S3Server
 from pgherd.local.state import SandboxState
+from pgherd_backup.store import S3Settings, Store, StoreLocation
+from pgherd_backup.walservice import WalService
 
 log = logging.getLogger("pgherd.sandbox")
 
@@ -102,6 +104,7 @@ class Supervisor:
 
     def run(self) -> None:
         ensure_s3(self.paths, self.state)
+        wal_service = self._start_wal_service()
         self.paths.pid_file.write_text(f"{os.getpid()}\n")
         log.info("supervisor started (pid %d) for cluster %s", os.getpid(), self.state.cluster)
         while not self.stopping:
@@ -115,7 +118,22 @@ class Supervisor:
             busy = self.last_phase not in (None, "Running", "Paused")
             interval = min(self.state.tick, 0.2) if busy else self.state.tick
             time.sleep(max(0.02, interval - elapsed))
+        if wal_service is not None:
+            wal_service.stop()
         log.info("supervisor stopped")
+
+    def _start_wal_service(self) -> WalService | None:
+        """The members' restore_command asks it whether a WAL file is archived before starting
+        wal-fetch (see pgherd_backup.walservice); without it they only go slower."""
+        store = Store(
+            StoreLocation.parse(self.state.store_url, self.state.cluster),
+            S3Settings.from_env(self.state.s3.env()),
+        )
+        try:
+            return WalService(store, self.paths.wal_socket, self.paths.root).start()
+        except OSError as exc:
+            log.warning("WAL service not started (%s): restore_command will start wal-fetch every time", exc)
+            return None
 
     def tick(self) -> None:
         cluster = self.objects.cluster()

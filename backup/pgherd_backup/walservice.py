@@ -1,0 +1,111 @@
+"""A local answer to restore_command's most frequent question: is this WAL file archived at all?
+
+A standby whose upstream is gone polls the archive for its next segment, and at every timeline switch
+PostgreSQL probes the archive for a history file that does not exist yet. Through `pgherd-backup
+wal-fetch` each probe starts a Python process: 0.2-0.5 s on a loaded machine, and several of them sit
+inside the write outage of a failover or a switchover (the promoted member's promote request waits for
+the poll in flight, its new timeline waits for a probe, the other replicas wait for another one).
+
+This service keeps one warm S3 client and answers over a Unix socket:
+
+    GET /wal/<name>?pgdata=<data directory>   404: not archived, 200: archived, 400/503: no answer
+
+restore_command asks it with curl (milliseconds) and takes only a 404 as "not archived"; on 200, and
+whenever the service does not answer, it runs wal-fetch, which downloads, checks and prefetches as
+before. So the service being down, absent, or curl missing, changes the speed and nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import socketserver
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import Any
+
+from pgherd_backup.errors import BackupError
+from pgherd_backup.layout import Layout
+from pgherd_backup.postgres.control import read_system_id
+from pgherd_backup.store import Store
+from pgherd_backup.walnames import is_wal_name
+
+# AF_UNIX paths are limited to 108 bytes; a longer one is replaced by a short one under /tmp.
+_MAX_SOCKET_PATH = 100
+
+
+def socket_path_for(directory: Path) -> Path:
+    """Where the service of `directory` listens: inside it when the path is short enough."""
+    inside = directory / "wal.sock"
+    if len(str(inside)) <= _MAX_SOCKET_PATH:
+        return inside
+    return Path("/tmp") / f"pgherd-wal-{hashlib.sha256(str(directory).encode()).hexdigest()[:16]}.sock"
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    store: Store
+    data_root: Path
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def do_GET(self) -> None:
+        status = self._answer()
+        self.send_response(status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def _answer(self) -> int:
+        url = urllib.parse.urlsplit(self.path)
+        parts = url.path.strip("/").split("/")
+        pgdata_text = urllib.parse.parse_qs(url.query).get("pgdata", [""])[0]
+        if len(parts) != 2 or parts[0] != "wal" or not is_wal_name(parts[1]) or not pgdata_text:
+            return 400
+        pgdata = Path(pgdata_text).resolve()
+        if not pgdata.is_relative_to(self.server.data_root):
+            return 400  # only the data directories this service was started for
+        try:
+            layout = Layout(self.server.store.location, read_system_id(pgdata))
+            found = self.server.store.exists(layout.wal_key(parts[1]))
+        except (BackupError, OSError, ValueError):
+            return 503  # no answer: the caller asks wal-fetch, which reports the problem properly
+        return 200 if found else 404
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # one request per restore_command call: nothing worth a log line
+
+
+class WalService:
+    """The service for the data directories under `data_root`, reading the archive of `store`."""
+
+    def __init__(self, store: Store, socket_path: Path, data_root: Path) -> None:
+        self.socket_path = socket_path
+        self._server: _Server | None = None
+        self._store = store
+        self._data_root = data_root.resolve()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> WalService:
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()  # left by a process that was killed
+        server = _Server(str(self.socket_path), _Handler)
+        server.store = self._store
+        server.data_root = self._data_root
+        os.chmod(self.socket_path, 0o666)  # restore_command runs as the PostgreSQL account
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, name="wal-service", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
