@@ -7,6 +7,7 @@ Expected failures print one line `pgherd-backup: error: ...` and exit non-zero; 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -426,9 +427,23 @@ def _interrupt(signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def _one_malloc_arena() -> None:
+    """glibc gives every thread that allocates its own heap arena and keeps freed blocks there: the
+    upload, download and compression threads each passing 8 MiB buffers around held ~70 MiB more
+    than needed (an lz4 restore peaked at 187 MiB, 114 MiB with one arena, at the same speed).
+    Large buffers are few, and small objects go through Python's own allocator: one arena costs no
+    measurable contention. No-op where the C library is not glibc."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(-8, 1)  # M_ARENA_MAX, before any thread starts
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.func in (cmd_snapshot, cmd_restore, cmd_verify):
+        _one_malloc_arena()
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         code: int = args.func(args)
