@@ -428,9 +428,9 @@ def _interrupt(signum: int, _frame: FrameType | None) -> None:
 
 
 def _one_malloc_arena() -> None:
-    """glibc gives every thread that allocates its own heap arena and keeps freed blocks there: the
-    upload, download and compression threads each passing 8 MiB buffers around held ~70 MiB more
-    than needed (an lz4 restore peaked at 187 MiB, 114 MiB with one arena, at the same speed).
+    """glibc gives every thread that allocates its own heap arena and keeps freed blocks there: a
+    restore's download and writer threads passing 8 MiB buffers around held ~70 MiB more than needed
+    (an lz4 restore peaked at 187 MiB, 114 MiB with one arena, at the same speed).
     Large buffers are few, and small objects go through Python's own allocator: one arena costs no
     measurable contention. No-op where the C library is not glibc."""
     import ctypes
@@ -442,7 +442,7 @@ def _one_malloc_arena() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.func in (cmd_snapshot, cmd_restore, cmd_verify):
+    if args.func in (cmd_restore, cmd_verify):  # not snapshot: its zstd workers then spent more CPU
         _one_malloc_arena()
     signal.signal(signal.SIGTERM, _interrupt)
     try:
