@@ -88,7 +88,6 @@ class WalService:
         self._server: _Server | None = None
         self._store = store
         self._data_root = data_root.resolve()
-        self._thread: threading.Thread | None = None
 
     def start(self) -> WalService:
         with contextlib.suppress(FileNotFoundError):
@@ -98,8 +97,7 @@ class WalService:
         server.data_root = self._data_root
         os.chmod(self.socket_path, 0o666)  # restore_command runs as the PostgreSQL account
         self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, name="wal-service", daemon=True)
-        self._thread.start()
+        threading.Thread(target=server.serve_forever, name="wal-service", daemon=True).start()
         return self
 
     def stop(self) -> None:

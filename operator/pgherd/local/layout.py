@@ -9,8 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pgherd_backup.walservice import socket_path_for
-
 
 @dataclass(frozen=True)
 class SandboxPaths:
@@ -47,6 +45,9 @@ class SandboxPaths:
     @property
     def wal_socket(self) -> Path:
         """The supervisor's WAL service (pgherd_backup.walservice), asked by the members' restore_command."""
+        # Imported here: walservice brings the S3 client, which `pgherd sandbox status` does not need.
+        from pgherd_backup.walservice import socket_path_for
+
         return socket_path_for(self.root)
 
     @property
