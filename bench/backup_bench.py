@@ -218,10 +218,11 @@ def main() -> int:
     agent = agent_executable()
     results: list[Measure] = []
     try:
-        for codec, level in (("zstd", None), ("zstd", "-1"), ("lz4", None)):
-            flags = ["--compression", codec] + (["--compression-level", level] if level else [])
-            if level:
-                codec = f"{codec} {level}"
+        for codec, site in (("zstd", None), ("zstd", "agent"), ("lz4", None)):
+            # the default: the source server compresses (PostgreSQL >= 15); "agent": the way for older servers
+            flags = ["--compression", codec] + (["--compress-on", site] if site else [])
+            if site:
+                codec = f"{codec}, {site}"
             snap = measure(
                 f"pgherd snapshot ({codec})",
                 [agent, "snapshot", "--source", dsn, *flags],
@@ -229,7 +230,7 @@ def main() -> int:
             )
             results.append(snap)
             snap_id = json.loads(snap.detail)["id"] if snap.ok else "latest"
-            target = work / f"restore-pgherd-{codec.replace(' ', '')}"
+            target = work / f"restore-pgherd-{codec.replace(', ', '-')}"
             for flags in ([], ["--no-sync"]):
                 shutil.rmtree(target, ignore_errors=True)
                 results.append(
@@ -268,7 +269,10 @@ def main() -> int:
                         "fetch",
                         "-c",
                         "fast",
-                        f"--compress=client-{codec}:1" if codec == "zstd" else f"--compress=client-{codec}",
+                        # the same compression as pgherd's default: on the server, zstd with 2 workers
+                        "--compress=server-zstd:level=1,workers=2"
+                        if codec == "zstd"
+                        else f"--compress=server-{codec}",
                     ],
                     before=_emptied(local),
                 )
@@ -362,14 +366,14 @@ def report(results: list[Measure], db_bytes: int) -> None:
             print(f"  {name} vs {reference}: {value:.2f}x {over}")
 
     print("\nratios (time of the reference / time of pgherd; > 1 means pgherd is faster):")
-    for codec in ("zstd", "zstd -1", "lz4"):
+    for codec in ("zstd", "zstd, agent", "lz4"):
         for restore in (f"pgherd restore ({codec})", f"pgherd restore ({codec}, no fsync)"):
             ratio(restore, "barman-cloud-restore (lz4)", "faster (barman-cloud-restore does not fsync)")
             ratio(restore, "barman-cloud-restore (gzip)", "faster")
-            ratio(restore, f"tar -x local ({codec.split()[0]})", "(local limit; tar does not fsync)")
+            ratio(restore, f"tar -x local ({codec.split(',')[0]})", "(local limit; tar does not fsync)")
         ratio(f"pgherd snapshot ({codec})", "barman-cloud-backup (lz4)", "faster")
         ratio(f"pgherd snapshot ({codec})", "barman-cloud-backup (gzip)", "faster")
-        local = codec.split()[0]
+        local = codec.split(",")[0]
         ratio(f"pgherd snapshot ({codec})", f"pg_basebackup -Ft local ({local})", "(local-disk limit)")
     peaks = [r.peak_rss for r in results if r.label.startswith("pgherd")]
     if peaks:

@@ -81,7 +81,9 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     store = _open_store(args)
     options = SnapshotOptions(
         codec=Codec.get(args.compression, args.compression_level),
-        object_raw_size=args.object_size << 20,
+        compress_on=args.compress_on,
+        compress_workers=args.compress_workers,
+        object_size=args.object_size << 20,
         part_size=args.part_size << 20,
         upload_workers=args.upload_workers,
         max_inflight_parts=max(args.upload_workers + 2, 2),
@@ -319,7 +321,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compression-level", type=int, default=None)
     p.add_argument("--upload-workers", type=int, default=4)
     p.add_argument("--part-size", type=int, default=8, help="multipart part size, MiB")
-    p.add_argument("--object-size", type=int, default=1024, help="uncompressed bytes per object, MiB")
+    p.add_argument(
+        "--compress-on",
+        default="auto",
+        choices=["auto", "server", "client", "agent"],
+        help="where to compress: the source server, pg_basebackup, or this agent (auto: server from "
+        "PostgreSQL 15 on, else agent)",
+    )
+    p.add_argument(
+        "--compress-workers", type=int, default=2, help="zstd threads on the server or in pg_basebackup"
+    )
+    p.add_argument(
+        "--object-size",
+        type=int,
+        default=1024,
+        help="MiB per stored object (compressed; uncompressed with --compress-on agent)",
+    )
     p.add_argument("--wal-method", default="fetch", choices=["fetch", "none"])
     p.add_argument("--checkpoint", default="fast", choices=["fast", "spread"])
     p.add_argument("--max-rate", default=None, help="limit the read rate on the source, e.g. 100M")

@@ -9,7 +9,9 @@ from typing import Any
 
 from pgherd_backup.errors import IntegrityError
 
-FORMAT_VERSION = 1
+LEGACY_FORMAT = 1  # one compressed frame (or run of frames) per object; every object's raw size known
+STREAM_FORMAT = 2  # one compressed stream cut into objects; the raw size is the server's count, to the kB
+FORMAT_VERSION = STREAM_FORMAT  # the newest format this version reads
 MANIFEST_NAME = "manifest.json"
 
 
@@ -23,7 +25,8 @@ class Part:
 
 @dataclass(frozen=True)
 class DataObject:
-    """One stored object: a compressed frame holding a slice of the base backup's tar stream."""
+    """One stored object: a slice of the base backup's compressed tar stream (format 2, raw_size 0),
+    or a compressed frame holding a slice of the tar stream (format 1)."""
 
     name: str
     size: int
@@ -108,6 +111,8 @@ class Manifest:
             "stop_time": self.stop_time,
             "pg_version": self.pg_version,
             "compression": self.compression,
+            "compressed_by": self.extra.get("compressed_by", "agent"),
+            "source": self.source,
             "size": self.size,
             "stored_size": self.stored_size,
             "objects": len(self.objects),

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from pgherd_backup.basefiles import CONTROL, LABEL, check_base_files
 from pgherd_backup.catalog import find_snapshot
 from pgherd_backup.compression import Codec, read_checked
 from pgherd_backup.errors import BackupError, IntegrityError, UsageError
 from pgherd_backup.layout import Layout
-from pgherd_backup.manifest import DataObject, Manifest
+from pgherd_backup.manifest import LEGACY_FORMAT, DataObject, Manifest
 from pgherd_backup.postgres.config import Setting, write_recovery_config
 from pgherd_backup.postgres.process import give_to_pg, owner_ids
 from pgherd_backup.progress import Progress
@@ -180,25 +181,35 @@ class PartFetcher:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-class ObjectSource:
-    """File-like view of one object's verified bytes, in order; checks the object's own sha256."""
+class ChainSource:
+    """File-like view of the snapshot's verified bytes, object after object, in order; each object's
+    size and sha256 are checked as it ends (its parts were checked before this sees them)."""
 
-    def __init__(self, fetcher: PartFetcher, first: int, obj: DataObject, key: str) -> None:
+    def __init__(self, fetcher: PartFetcher, keys: list[str]) -> None:
         self.fetcher = fetcher
-        self.position = first
-        self.end = first + len(obj.parts)
-        self.obj = obj
-        self.key = key
+        self.objects = fetcher.manifest.objects
+        self.keys = keys
+        self.index = 0  # the object being read
+        self.part = 0  # the next part of the snapshot to fetch
+        self.left = len(self.objects[0].parts) if self.objects else 0
         self.buffer = memoryview(b"")
         self.sha256 = hashlib.sha256()
         self.size = 0
 
+    @property
+    def current(self) -> str:
+        return self.keys[min(self.index, len(self.keys) - 1)] if self.keys else "snapshot"
+
     def read(self, size: int = -1) -> bytes:
-        if not self.buffer:
-            if self.position >= self.end:
+        while not self.buffer:
+            if self.index >= len(self.objects):
                 return b""
-            data = self.fetcher.get(self.position)
-            self.position += 1
+            if not self.left:
+                self._end_object()
+                continue
+            data = self.fetcher.get(self.part)
+            self.part += 1
+            self.left -= 1
             self.sha256.update(data)
             self.size += len(data)
             self.buffer = memoryview(data)
@@ -206,15 +217,24 @@ class ObjectSource:
         chunk, self.buffer = self.buffer[:size], self.buffer[size:]
         return bytes(chunk)
 
-    def check(self) -> None:
-        if self.size != self.obj.size or self.sha256.hexdigest() != self.obj.sha256:
+    def _end_object(self) -> None:
+        obj = self.objects[self.index]
+        if self.size != obj.size or self.sha256.hexdigest() != obj.sha256:
             raise IntegrityError(
-                f"object {self.key} does not match its manifest (size or sha256): the snapshot is damaged"
+                f"object {self.current} does not match its manifest (size or sha256): the snapshot is damaged"
             )
+        self.index += 1
+        self.sha256, self.size = hashlib.sha256(), 0
+        self.left = len(self.objects[self.index].parts) if self.index < len(self.objects) else 0
+
+    def drain(self) -> None:
+        """Read (and so check) whatever the decoder did not need, to the last object's end."""
+        while self.read(_BLOCK):
+            pass
 
 
 class Decompressor(threading.Thread):
-    """Decompresses the objects in order into a bounded queue of blocks."""
+    """Decompresses the snapshot's objects, read as one stream, into a bounded queue of blocks."""
 
     def __init__(self, store: Store, manifest: Manifest, fetcher: PartFetcher) -> None:
         super().__init__(daemon=True, name="decompress")
@@ -228,26 +248,27 @@ class Decompressor(threading.Thread):
         try:
             codec = Codec.get(self.manifest.compression)
             layout = Layout(self.store.location, self.manifest.system_id)
-            first = 0
-            for obj in self.manifest.objects:
-                key = f"s3://{self.store.bucket}/{layout.data_key(self.manifest.id, obj.name)}"
-                source = ObjectSource(self.fetcher, first, obj, key)
-                reader = codec.reader(source)
-                raw = 0
-                while not self.stopping.is_set():
-                    block = read_checked(reader, _BLOCK, key)
-                    if not block:
-                        break
-                    raw += len(block)
-                    self._put(block)
-                if self.stopping.is_set():
-                    return
-                while source.read(_BLOCK):  # trailing bytes the decoder did not need
-                    pass
-                source.check()
-                if raw != obj.raw_size:
-                    raise IntegrityError(f"object {key} decompresses to {raw} bytes, not {obj.raw_size}")
-                first += len(obj.parts)
+            keys = [
+                f"s3://{self.store.bucket}/{layout.data_key(self.manifest.id, obj.name)}"
+                for obj in self.manifest.objects
+            ]
+            source = ChainSource(self.fetcher, keys)
+            reader = codec.reader(source)
+            raw = 0
+            while not self.stopping.is_set():
+                block = read_checked(reader, _BLOCK, source.current)
+                if not block:
+                    break
+                raw += len(block)
+                self._put(block)
+            if self.stopping.is_set():
+                return
+            source.drain()
+            if self.manifest.format == LEGACY_FORMAT and raw != self.manifest.size:
+                raise IntegrityError(
+                    f"snapshot {self.manifest.id} decompresses to {raw} bytes, not {self.manifest.size}: "
+                    "it is damaged"
+                )
             self._put(None)
         except BaseException as exc:  # handed to the reader thread, which raises it
             self._put(exc)
@@ -310,6 +331,13 @@ def sync_tree(root: Path, workers: int = 8) -> None:
         fsync(directory)
 
 
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
 def _empty(pgdata: Path) -> None:
     for child in pgdata.iterdir():
         if child.is_dir() and not child.is_symlink():
@@ -344,6 +372,7 @@ def restore_files(
         decompressor.start()
         extract(QueueReader(decompressor.blocks), pgdata, uid=uid, gid=gid, progress=report)
         decompressor.join()
+        check_base_files(manifest, _read(pgdata / LABEL), _read(pgdata / CONTROL), f"the restored {pgdata}")
         if options.sync:
             sync_tree(pgdata)
         ok = True

@@ -1,5 +1,13 @@
-"""Take a snapshot: pg_basebackup's tar stream, cut into objects, compressed on the fly and sent
-as S3 multipart uploads (parts uploaded in parallel), then the manifest, written last.
+"""Take a snapshot: pg_basebackup's tar stream, compressed, cut into objects and sent as S3
+multipart uploads (parts uploaded in parallel), then the manifest, written last.
+
+Where the compression runs (`compress_on`):
+- "server" (the default from PostgreSQL 15 on): the source server compresses (`--compress=server-*`)
+  and pg_basebackup hands the compressed stream through untouched; only compressed bytes cross the
+  network and the pipe. The snapshot is one compressed stream cut into objects (manifest format 2).
+- "client": pg_basebackup compresses (`--compress=client-*`); same stream layout.
+- "agent" (servers before 15): pg_basebackup sends the raw tar and pgherd-backup compresses it,
+  one frame (or run of frames) per object (manifest format 1).
 
 Memory is bounded by `max_inflight_parts * part_size` plus the compressor's buffers, whatever
 the database size: the reader blocks when uploads fall behind, and pg_basebackup blocks on its
@@ -16,6 +24,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections import deque
@@ -23,10 +32,20 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from pgherd_backup.basefiles import parse_label
 from pgherd_backup.compression import Codec, Compressor
-from pgherd_backup.errors import BackupError, IntegrityError, PostgresError
+from pgherd_backup.errors import BackupError, IntegrityError, PostgresError, UsageError
 from pgherd_backup.layout import Layout
-from pgherd_backup.manifest import DataObject, Manifest, Part, format_time, now_utc, snapshot_id
+from pgherd_backup.manifest import (
+    LEGACY_FORMAT,
+    STREAM_FORMAT,
+    DataObject,
+    Manifest,
+    Part,
+    format_time,
+    now_utc,
+    snapshot_id,
+)
 from pgherd_backup.postgres.binaries import PgBinaries
 from pgherd_backup.postgres.control import system_id_from_control
 from pgherd_backup.progress import Progress
@@ -41,10 +60,17 @@ _FRAME_INPUT = 4 << 20  # input per independent frame for the codecs without mul
 _TAPPED = ("backup_label", "backup_manifest", "PG_VERSION", "global/pg_control")
 
 
+COMPRESS_ON = ("auto", "server", "client", "agent")
+# a PostgreSQL built without the codec (basebackup_zstd.c and friends; common/compression.c)
+_UNSUPPORTED = ("compression is not supported by this build", "does not support compression with")
+
+
 @dataclass(frozen=True)
 class SnapshotOptions:
     codec: Codec = field(default_factory=lambda: Codec.get("zstd"))
-    object_raw_size: int = 1 << 30
+    compress_on: str = "auto"  # see the module's docstring; "auto": "server" from PostgreSQL 15 on
+    compress_workers: int = 2  # zstd worker threads where pg_basebackup or the server compresses
+    object_size: int = 1 << 30  # bytes per object: compressed in a stream, uncompressed with "agent"
     part_size: int = 8 << 20
     upload_workers: int = 4
     max_inflight_parts: int = 6
@@ -94,8 +120,9 @@ class _Uploads:
 
 
 class _ObjectWriter:
-    """One data object, uploaded part by part: a single multi-threaded zstd frame, or for the
-    other codecs a run of independent frames (4 MiB of input each) compressed on a thread pool."""
+    """One data object, uploaded part by part: a slice of an already compressed stream (`passthrough`),
+    or a single multi-threaded zstd frame, or for the other codecs a run of independent frames (4 MiB
+    of input each) compressed on a thread pool."""
 
     def __init__(
         self,
@@ -106,14 +133,18 @@ class _ObjectWriter:
         options: SnapshotOptions,
         pool: ThreadPoolExecutor,
         hasher: ThreadPoolExecutor,
+        passthrough: bool,
     ) -> None:
+        self.passthrough = passthrough
         self.store = store
         self.uploads = uploads
         self.key = key
         self.name = name
         self.options = options
         codec = options.codec
-        self.compressor: Compressor | None = codec.compressor() if codec.name == "zstd" else None
+        self.compressor: Compressor | None = (
+            codec.compressor() if codec.name == "zstd" and not passthrough else None
+        )
         self.pool = pool
         self.hasher = hasher  # one thread: hashes the parts in order, off the reading thread
         self.block = bytearray()
@@ -128,7 +159,9 @@ class _ObjectWriter:
 
     def write(self, data: memoryview) -> None:
         self.raw_size += len(data)
-        if self.compressor is not None:
+        if self.passthrough:
+            self.buffer += data
+        elif self.compressor is not None:
             self.buffer += self.compressor.compress(data)
         else:
             self.block += data
@@ -159,7 +192,9 @@ class _ObjectWriter:
 
     def seal(self) -> None:
         """The end of this object's input: compress what is left and send the last part."""
-        if self.compressor is not None:
+        if self.passthrough:
+            pass
+        elif self.compressor is not None:
             self.buffer += self.compressor.flush()
         else:
             if self.block:
@@ -179,7 +214,7 @@ class _ObjectWriter:
         return DataObject(
             name=self.name,
             size=self.size,
-            raw_size=self.raw_size,
+            raw_size=0 if self.passthrough else self.raw_size,  # unknown inside a compressed stream
             sha256=self.sha256.hexdigest(),
             parts=tuple(part for _, part in results),
         )
@@ -190,13 +225,16 @@ class _ObjectWriter:
 
 
 class _StderrWatcher(threading.Thread):
-    """Collects pg_basebackup's messages and its progress estimate (-P) without blocking it."""
+    """Collects pg_basebackup's messages and its progress lines (-P) without blocking it. With
+    `counts_progress`, the progress lines (uncompressed kB sent by the server) drive `progress`."""
 
-    def __init__(self, stream: object, progress: Progress | None) -> None:
+    def __init__(self, stream: object, progress: Progress | None, counts_progress: bool) -> None:
         super().__init__(daemon=True, name="pg_basebackup-stderr")
         self.stream = stream
         self.progress = progress
+        self.counts_progress = counts_progress
         self.lines: list[str] = []
+        self.done_kb: int | None = None
 
     def run(self) -> None:
         pending = b""
@@ -213,10 +251,13 @@ class _StderrWatcher(threading.Thread):
             self._line(pending.decode(errors="replace"))
 
     def _line(self, line: str) -> None:
-        match = re.match(r"\s*\d+/(\d+) kB", line)
+        match = re.match(r"\s*(\d+)/(\d+) kB", line)
         if match:
+            self.done_kb = int(match.group(1))
             if self.progress is not None:
-                self.progress.set_total(int(match.group(1)) * 1024)
+                self.progress.set_total(max(int(match.group(2)), self.done_kb) * 1024)
+                if self.counts_progress:
+                    self.progress.update(self.done_kb * 1024)
             return
         if line.strip():
             self.lines.append(line.strip())
@@ -224,6 +265,13 @@ class _StderrWatcher(threading.Thread):
     def tail(self, count: int = 6) -> str:
         useful = [line for line in self.lines if "pg_basebackup: " in line or "error" in line.lower()]
         return " | ".join((useful or self.lines)[-count:])
+
+    def start_point(self) -> tuple[str, int] | None:
+        for line in self.lines:
+            match = re.search(r"write-ahead log start point: ([0-9A-F]+/[0-9A-F]+) on timeline (\d+)", line)
+            if match:
+                return match.group(1), int(match.group(2))
+        return None
 
     def end_lsn(self) -> str | None:
         for line in self.lines:
@@ -233,12 +281,39 @@ class _StderrWatcher(threading.Thread):
         return None
 
 
-def _parse_label(label: str) -> tuple[str, str, int]:
-    start = re.search(r"START WAL LOCATION: ([0-9A-F]+/[0-9A-F]+) \(file ([0-9A-F]{24})\)", label)
-    timeline = re.search(r"START TIMELINE: (\d+)", label)
-    if not start or not timeline:
-        raise IntegrityError("the base backup's backup_label is not understood: the snapshot is not usable")
-    return start.group(1), start.group(2), int(timeline.group(1))
+def compression_site(options: SnapshotOptions, info: SourceInfo, bins: PgBinaries) -> str:
+    """Where the compression runs: "server", "client" or "agent" (see the module's docstring)."""
+    if options.compress_on not in COMPRESS_ON:
+        raise UsageError(
+            f"unknown --compress-on {options.compress_on!r}: choose one of {', '.join(COMPRESS_ON)}"
+        )
+    # pg_basebackup reports the start and end points the manifest needs only when it fetches the WAL
+    stream_capable = info.major >= 15 and bins.major >= 15 and options.wal_method != "none"
+    if options.compress_on == "auto":
+        return "server" if stream_capable else "agent"
+    if options.compress_on != "agent" and not stream_capable:
+        raise UsageError(
+            f"--compress-on {options.compress_on} needs PostgreSQL 15 or later on the source "
+            f"(it runs {info.server_version or 'an unknown version'}) and for pg_basebackup "
+            f"({bins.major}), and --wal-method fetch: use --compress-on agent"
+        )
+    return options.compress_on
+
+
+def _compress_flags(site: str, options: SnapshotOptions) -> list[str]:
+    codec = options.codec
+    if site == "agent":
+        return ["--manifest-checksums=NONE"]  # every object carries a sha256; spare the server a CRC pass
+    if codec.name == "none":
+        return ["--manifest-checksums=NONE"]
+    detail = [f"level={codec.level}"] if codec.level > 0 or codec.name == "zstd" else []  # zstd: -1 too
+    if codec.name == "zstd" and options.compress_workers > 0:
+        detail.append(f"workers={options.compress_workers}")
+    spec = f"{site}-{codec.name}" + (":" + ",".join(detail) if detail else "")
+    # pg_basebackup cannot add its backup_manifest to a server-compressed stream it does not parse;
+    # the snapshot's own manifest has a sha256 for every object.
+    extra = ["--no-manifest"] if site == "server" else ["--manifest-checksums=NONE"]
+    return [f"--compress={spec}", *extra]
 
 
 def take_snapshot(
@@ -254,6 +329,30 @@ def take_snapshot(
     bins = bins or PgBinaries.find()
     store.check()
     info = identify(source_dsn)
+    site = compression_site(options, info, bins)
+    try:
+        return _take(store, source_dsn, bins, info, site, options, progress)
+    except PostgresError as exc:
+        if options.compress_on != "auto" or site == "agent" or not any(m in str(exc) for m in _UNSUPPORTED):
+            raise
+    # a server built without this codec: compress here instead (it failed before sending any data)
+    sys.stderr.write(
+        f"pgherd-backup: the source server cannot compress with {options.codec.name}; "
+        "compressing in pgherd-backup instead\n"
+    )
+    return _take(store, source_dsn, bins, info, "agent", options, progress)
+
+
+def _take(
+    store: Store,
+    source_dsn: str,
+    bins: PgBinaries,
+    info: SourceInfo,
+    site: str,
+    options: SnapshotOptions,
+    progress: Progress | None,
+) -> Manifest:
+    stream = site != "agent"
     started = now_utc()
     snap_id = snapshot_id(started)
     layout = Layout(store.location, info.system_id)
@@ -271,12 +370,14 @@ def take_snapshot(
         options.checkpoint,
         "-v",
         "-w",
-        "--manifest-checksums=NONE",  # every object carries a sha256; spare the server a CRC pass
+        *_compress_flags(site, options),
     ]
     if options.max_rate:
         args.append(f"--max-rate={options.max_rate}")
-    if progress is not None and progress.enabled:
-        args.append("-P")  # the size estimate (for the ETA) costs the server a pass over the files
+    if stream or (progress is not None and progress.enabled):
+        # the server's progress counts uncompressed bytes: the snapshot's size, and the ETA (the size
+        # estimate costs the server a pass over the directory entries, not over the data)
+        args.append("-P")
     if not options.verify_checksums:
         args.append("--no-verify-checksums")
     proc = subprocess.Popen(
@@ -290,7 +391,7 @@ def take_snapshot(
     assert proc.stdout is not None and proc.stderr is not None
     with contextlib.suppress(OSError):
         fcntl.fcntl(proc.stdout.fileno(), _F_SETPIPE_SZ, 1 << 20)
-    watcher = _StderrWatcher(proc.stderr, progress)
+    watcher = _StderrWatcher(proc.stderr, progress, counts_progress=stream)
     watcher.start()
     uploads = _Uploads(store, options)
     compressors = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="compress")
@@ -301,6 +402,7 @@ def take_snapshot(
     completions: list[Future[DataObject]] = []
     writer: _ObjectWriter | None = None
     ok = False
+    extension = ".tar" + options.codec.extension
 
     def seal(current: _ObjectWriter) -> None:
         current.seal()
@@ -316,31 +418,39 @@ def take_snapshot(
             if not n:
                 break
             block = view[:n]
-            tap.feed(block)
+            if not stream:
+                tap.feed(block)
             if writer is None:
-                name = f"data/{len(sealed):05d}.tar{options.codec.extension}"
+                name = f"data/{len(sealed):05d}{extension}"
                 writer = _ObjectWriter(
-                    store, uploads, layout.data_key(snap_id, name), name, options, compressors, hasher
+                    store, uploads, layout.data_key(snap_id, name), name, options, compressors, hasher, stream
                 )
             writer.write(block)
             total += n
-            if progress is not None:
+            if progress is not None and not stream:
                 progress.update(total)
-            if writer.raw_size >= options.object_raw_size:
+            if writer.raw_size >= options.object_size:
                 seal(writer)
                 writer = None
         returncode = proc.wait()
         watcher.join(timeout=10)
         if returncode != 0:
             raise PostgresError(f"pg_basebackup failed (exit {returncode}): {watcher.tail()}")
-        if not tap.ended:
+        if not stream and not tap.ended:
             raise IntegrityError("pg_basebackup's tar stream ended early: the snapshot is incomplete")
         if writer is not None:
             seal(writer)
             writer = None
+        if not sealed:
+            raise IntegrityError("pg_basebackup wrote nothing: the snapshot is empty")
         objects = [future.result() for future in completions]
         uploads.raise_failures()
-        manifest = _build_manifest(store, info, snap_id, started, tap.files, watcher, objects, options)
+        if stream:
+            manifest = _stream_manifest(
+                store, source_dsn, info, snap_id, started, watcher, objects, site, options
+            )
+        else:
+            manifest = _build_manifest(store, info, snap_id, started, tap.files, watcher, objects, options)
         if options.wal_method == "none":
             wait_for_archived_wal(store, manifest, options.archive_wait)
         store.put_bytes(layout.manifest_key(snap_id), manifest.to_json().encode(), "application/json")
@@ -418,7 +528,7 @@ def _build_manifest(
 ) -> Manifest:
     if "backup_label" not in files or "global/pg_control" not in files:
         raise IntegrityError("the base backup lacks backup_label or global/pg_control: not a usable snapshot")
-    start_lsn, start_wal, timeline = _parse_label(files["backup_label"].decode(errors="replace"))
+    start_lsn, start_wal, timeline = parse_label(files["backup_label"])
     system_id = system_id_from_control(files["global/pg_control"])
     if system_id != info.system_id:
         raise IntegrityError(
@@ -452,5 +562,63 @@ def _build_manifest(
         size=sum(o.raw_size for o in objects),
         stored_size=sum(o.size for o in objects),
         objects=tuple(objects),
-        extra={"wal_method": options.wal_method, "stop_timeline": stop_timeline},
+        format=LEGACY_FORMAT,
+        extra={"wal_method": options.wal_method, "stop_timeline": stop_timeline, "compressed_by": "agent"},
+    )
+
+
+def _stream_manifest(
+    store: Store,
+    source_dsn: str,
+    info: SourceInfo,
+    snap_id: str,
+    started: datetime,
+    watcher: _StderrWatcher,
+    objects: list[DataObject],
+    site: str,
+    options: SnapshotOptions,
+) -> Manifest:
+    """The manifest of a compressed stream, from pg_basebackup's messages (start and end points) and
+    the source's identity, asked again now: a source that changed under us is refused. Restore and
+    verify check the backup's own backup_label and pg_control against it."""
+    start = watcher.start_point()
+    stop_lsn = watcher.end_lsn()
+    if start is None or stop_lsn is None:
+        raise IntegrityError(
+            "pg_basebackup did not report the backup's start and end points: the snapshot is not usable "
+            f"({watcher.tail()})"
+        )
+    start_lsn, timeline = start
+    after = identify(source_dsn)
+    if after.system_id != info.system_id:
+        raise IntegrityError(
+            f"the source's system id changed during the snapshot ({info.system_id} -> {after.system_id}): "
+            "the DSN reached another cluster; aborting"
+        )
+    # a standby can switch timelines under a backup (its upstream was promoted); a primary cannot
+    stop_timeline = max(timeline, after.timeline) if info.in_recovery else timeline
+    return Manifest(
+        id=snap_id,
+        cluster=store.location.cluster,
+        system_id=info.system_id,
+        timeline=timeline,
+        start_lsn=start_lsn,
+        stop_lsn=stop_lsn,
+        start_wal=Segment.of_lsn(timeline, parse_lsn(start_lsn)).name(),
+        stop_wal=Segment.of_lsn(stop_timeline, max(parse_lsn(stop_lsn) - 1, 0)).name(),
+        start_time=format_time(started),
+        stop_time=format_time(now_utc()),
+        pg_version=info.server_version,
+        pg_major=info.major,
+        compression=options.codec.name,
+        source="standby" if info.in_recovery else "primary",
+        size=(watcher.done_kb or 0) * 1024,  # the server's count, to the kB
+        stored_size=sum(o.size for o in objects),
+        objects=tuple(objects),
+        format=STREAM_FORMAT,
+        extra={
+            "wal_method": options.wal_method,
+            "stop_timeline": stop_timeline,
+            "compressed_by": site if options.codec.name != "none" else "none",
+        },
     )

@@ -17,6 +17,14 @@ class SourceInfo:
     timeline: int
     xlogpos: str
     server_version: str
+    in_recovery: bool | None = None  # reported by servers from 14 on (in_hot_standby)
+
+    @property
+    def major(self) -> int:
+        """The server's major version (0 when unknown)."""
+        head = self.server_version.split()[0] if self.server_version else ""
+        digits = head.split(".")[0]
+        return int(digits) if digits.isdigit() else 0
 
 
 def replication_conninfo(dsn: str) -> str:
@@ -47,6 +55,8 @@ def identify(dsn: str, connect_timeout: int = 10) -> SourceInfo:
             if version_res.status == pq.ExecStatus.TUPLES_OK
             else ""
         )
-        return SourceInfo(values[0], int(values[1]), values[2], version)
+        standby = conn.parameter_status(b"in_hot_standby")
+        in_recovery = None if standby is None else standby == b"on"
+        return SourceInfo(values[0], int(values[1]), values[2], version, in_recovery)
     finally:
         conn.finish()

@@ -41,7 +41,7 @@ def test_missing_bucket(agent, s3_store):
 def test_corruption_is_found_by_verify_and_refused_by_restore(pg_factory, s3_store, agent):
     primary = pg_factory("primary").initdb().start()
     fill(primary, rows=20000)
-    snap = agent("snapshot", "--source", primary.dsn, "--part-size", "1", "--object-size", "4")
+    snap = agent("snapshot", "--source", primary.dsn, "--part-size", "1", "--object-size", "1")
     assert snap.returncode == 0, snap.stderr
     data_keys = sorted(s3_store.keys("/data/"))
     assert len(data_keys) > 1
@@ -56,6 +56,29 @@ def test_corruption_is_found_by_verify_and_refused_by_restore(pg_factory, s3_sto
     target = pg_factory("target").pgdata
     restored = agent("restore", "--pgdata", str(target))
     _assert_clean_failure(restored, victim, "corrupted")
+    assert not target.exists(), "a refused restore must not leave a startable directory behind"
+
+
+def test_a_manifest_that_does_not_describe_its_backup_is_refused(pg_factory, s3_store, agent):
+    """The manifest of a compressed stream comes from pg_basebackup's messages: verify and restore
+    check it against the backup's own backup_label and pg_control."""
+    import json
+
+    primary = pg_factory("primary").initdb().start()
+    fill(primary, rows=2000)
+    snap = agent("snapshot", "--source", primary.dsn)
+    assert snap.returncode == 0, snap.stderr
+    [key] = [k for k in s3_store.keys("") if k.endswith("manifest.json")]
+    client = s3_store.endpoint.client()
+    manifest = json.loads(client.get_object(Bucket=s3_store.endpoint.bucket, Key=key)["Body"].read())
+    manifest["start_lsn"] = "0/1000028"
+    client.put_object(Bucket=s3_store.endpoint.bucket, Key=key, Body=json.dumps(manifest).encode())
+
+    checked = agent("verify", snap.json()["id"])
+    _assert_clean_failure(checked, "not at 0/1000028", "damaged")
+    target = pg_factory("target").pgdata
+    restored = agent("restore", "--pgdata", str(target), "--target-immediate")
+    _assert_clean_failure(restored, "not at 0/1000028", "damaged")
     assert not target.exists(), "a refused restore must not leave a startable directory behind"
 
 

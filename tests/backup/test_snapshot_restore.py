@@ -29,7 +29,9 @@ def test_round_trip_keeps_every_table_and_continues_the_archive(pg_factory, s3_s
 
     checked = agent("verify", summary["id"])
     assert checked.returncode == 0, checked.stderr
-    assert checked.json()["raw_bytes"] == summary["size"]
+    # the size in the manifest is the server's count of uncompressed bytes, in whole kB
+    assert 0 <= checked.json()["raw_bytes"] - summary["size"] < 1024
+    assert summary["compressed_by"] == "server" and summary["source"] == "primary"
 
     primary.sql("INSERT INTO events (note) VALUES ('after the snapshot')")
     primary.switch_and_wait_archived()
@@ -50,13 +52,29 @@ def test_round_trip_keeps_every_table_and_continues_the_archive(pg_factory, s3_s
     assert any("/wal/00000002" in k and not k.endswith(".history") for k in s3_store.keys(""))
 
 
-@pytest.mark.parametrize("codec", ["lz4", "gzip", "none"])
-def test_other_codecs_round_trip(pg_factory, s3_store, agent, codec):
+@pytest.mark.parametrize(
+    ("codec", "site"),
+    [
+        ("lz4", "server"),
+        ("gzip", "server"),
+        ("none", "auto"),
+        ("zstd", "client"),
+        ("zstd", "agent"),
+        ("lz4", "agent"),
+    ],
+)
+def test_other_codecs_round_trip(pg_factory, s3_store, agent, codec, site):
+    """Every codec, compressed by the server, by pg_basebackup, or by the agent (the way for servers
+    before 15: one frame per object, manifest format 1)."""
     primary = pg_factory("primary").initdb().start()
     fill(primary, rows=3000)
-    snap = agent("snapshot", "--source", primary.dsn, "--compression", codec)
+    snap = agent("snapshot", "--source", primary.dsn, "--compression", codec, "--compress-on", site)
     assert snap.returncode == 0, snap.stderr
     assert snap.json()["compression"] == codec
+    expected_site = "none" if codec == "none" else site
+    assert snap.json()["compressed_by"] == expected_site
+    checked = agent("verify", "latest")
+    assert checked.returncode == 0, checked.stderr
     restored = pg_factory("restored")
     result = agent("restore", "--pgdata", str(restored.pgdata), "--target-immediate")
     assert result.returncode == 0, result.stderr
@@ -75,6 +93,7 @@ def test_snapshot_from_a_standby(pg_pair, pg_factory, s3_store, agent):
     assert snap.returncode == 0, snap.stderr
     manifest = agent("list", "--json").json()[0]
     assert manifest["id"] == snap.json()["id"]
+    assert manifest["source"] == "standby"
     restored = pg_factory("restored")
     result = agent("restore", "--pgdata", str(restored.pgdata), "--target-immediate")
     assert result.returncode == 0, result.stderr
@@ -109,3 +128,38 @@ def test_snapshot_without_wal_waits_for_the_archive(pg_factory, s3_store, agent)
     restored.start()
     restored.wait_promoted()
     assert restored.table_checksums() == primary.table_checksums()
+
+
+def test_a_server_without_the_codec_leaves_the_compression_to_the_agent(
+    pg_factory, s3_store, agent, pg_bin, tmp_path
+):
+    """A server built without zstd refuses server-side compression before it sends anything: by default
+    pgherd-backup then compresses itself, and says so; asked explicitly for the server, it fails."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for program in pg_bin.bindir.iterdir():
+        if program.name != "pg_basebackup":
+            (bindir / program.name).symlink_to(program)
+    script = bindir / "pg_basebackup"
+    script.write_text(
+        "#!/bin/sh\n"
+        'for arg in "$@"; do case "$arg" in --compress=server-*)\n'
+        "  echo 'pg_basebackup: error: could not initiate base backup: ERROR:  zstd compression is not "
+        "supported by this build' >&2; exit 1;; esac; done\n"
+        f'exec {pg_bin.pg_basebackup} "$@"\n'
+    )
+    script.chmod(0o755)
+    primary = pg_factory("primary").initdb().start()
+    fill(primary, rows=1000)
+    env = {"PG_BIN": str(bindir)}
+
+    snap = agent("snapshot", "--source", primary.dsn, env=env)
+    assert snap.returncode == 0, snap.stderr
+    assert snap.json()["compressed_by"] == "agent"
+    assert "compressing in pgherd-backup instead" in snap.stderr
+    assert agent("verify", "latest").returncode == 0
+
+    explicit = agent("snapshot", "--source", primary.dsn, "--compress-on", "server", env=env)
+    assert explicit.returncode != 0
+    assert "not supported by this build" in explicit.stderr and TRACEBACK not in explicit.stderr
+    assert len(agent("list", "--json").json()) == 1
