@@ -163,3 +163,47 @@ def test_a_server_without_the_codec_leaves_the_compression_to_the_agent(
     assert explicit.returncode != 0
     assert "not supported by this build" in explicit.stderr and TRACEBACK not in explicit.stderr
     assert len(agent("list", "--json").json()) == 1
+
+
+def test_a_snapshot_shows_its_progress_on_a_terminal(pg_factory, s3_store):
+    """Bytes, rate and ETA on stderr when it is a terminal (the server's count of uncompressed
+    bytes against its estimate); the JSON summary on stdout all the same."""
+    import json
+    import os
+    import pty
+    import re
+    import subprocess
+
+    from backup_helpers import random_blob_table
+
+    from pgherd_backup.restore import agent_executable
+
+    primary = pg_factory("primary").initdb().start()
+    random_blob_table(primary, megabytes=8)
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [agent_executable(), "snapshot", "--source", primary.dsn, "--max-rate", "10M"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=follower,
+        env={**os.environ, **s3_store.env()},
+    )
+    os.close(follower)
+    shown = b""
+    while True:
+        try:
+            data = os.read(leader, 4096)
+        except OSError:  # EIO: the last writer closed the terminal
+            break
+        if not data:
+            break
+        shown += data
+    os.close(leader)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, shown.decode(errors="replace")
+    text = shown.decode(errors="replace")
+    assert re.search(
+        r"snapshot: [\d.]+ (KiB|MiB) / [\d.]+ MiB \(\d+%\)\s+[\d.]+ (KiB|MiB)/s\s+ETA \d+:\d\d", text
+    ), text
+    assert re.search(r"\(100%\)", text), text
+    assert json.loads(out)["size"] > 8 << 20
