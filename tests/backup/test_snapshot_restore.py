@@ -179,10 +179,10 @@ def test_a_snapshot_shows_its_progress_on_a_terminal(pg_factory, s3_store):
     from pgherd_backup.restore import agent_executable
 
     primary = pg_factory("primary").initdb().start()
-    random_blob_table(primary, megabytes=8)
+    random_blob_table(primary, megabytes=32)
     leader, follower = pty.openpty()
     proc = subprocess.Popen(
-        [agent_executable(), "snapshot", "--source", primary.dsn, "--max-rate", "10M"],
+        [agent_executable(), "snapshot", "--source", primary.dsn, "--max-rate", "16M"],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=follower,
@@ -206,4 +206,4 @@ def test_a_snapshot_shows_its_progress_on_a_terminal(pg_factory, s3_store):
         r"snapshot: [\d.]+ (KiB|MiB) / [\d.]+ MiB \(\d+%\)\s+[\d.]+ (KiB|MiB)/s\s+ETA \d+:\d\d", text
     ), text
     assert re.search(r"\(100%\)", text), text
-    assert json.loads(out)["size"] > 8 << 20
+    assert json.loads(out)["size"] > 32 << 20
