@@ -35,7 +35,9 @@ def check_base_files(manifest: Manifest, label: bytes | None, control: bytes | N
     try:
         system_id = system_id_from_control(control)
     except PostgresError:
-        system_id = "unreadable"
+        raise IntegrityError(
+            f"{origin} holds a truncated {CONTROL}: snapshot {manifest.id} is damaged"
+        ) from None
     start_lsn, _wal, timeline = parse_label(label)
     if system_id != manifest.system_id:
         raise IntegrityError(

@@ -370,7 +370,10 @@ def restore_files(
     report: Callable[[int], None] | None = progress.update if progress is not None else None
     try:
         decompressor.start()
-        extract(QueueReader(decompressor.blocks), pgdata, uid=uid, gid=gid, progress=report)
+        reader = QueueReader(decompressor.blocks)
+        extract(reader, pgdata, uid=uid, gid=gid, progress=report)
+        while reader.read(_BLOCK):  # past the tar's end marker: the last checks' verdict comes next
+            pass
         decompressor.join()
         check_base_files(manifest, _read(pgdata / LABEL), _read(pgdata / CONTROL), f"the restored {pgdata}")
         if options.sync:

@@ -201,7 +201,8 @@ class _ObjectWriter:
                 self._submit_block()
             while self.blocks:
                 self._collect(wait=True)
-        self._cut()
+        if self.buffer or not self.futures:  # no empty last part (some S3 servers refuse those)
+            self._cut()
 
     def complete(self) -> DataObject:
         """Wait for the parts, then complete the upload (runs beside the reader: on some servers
@@ -288,14 +289,15 @@ def compression_site(options: SnapshotOptions, info: SourceInfo, bins: PgBinarie
             f"unknown --compress-on {options.compress_on!r}: choose one of {', '.join(COMPRESS_ON)}"
         )
     # pg_basebackup reports the start and end points the manifest needs only when it fetches the WAL
-    stream_capable = info.major >= 15 and bins.major >= 15 and options.wal_method != "none"
+    client_major = bins.program_major("pg_basebackup")
+    stream_capable = info.major >= 15 and client_major >= 15 and options.wal_method != "none"
     if options.compress_on == "auto":
         return "server" if stream_capable else "agent"
     if options.compress_on != "agent" and not stream_capable:
         raise UsageError(
             f"--compress-on {options.compress_on} needs PostgreSQL 15 or later on the source "
             f"(it runs {info.server_version or 'an unknown version'}) and for pg_basebackup "
-            f"({bins.major}), and --wal-method fetch: use --compress-on agent"
+            f"({client_major}), and --wal-method fetch: use --compress-on agent"
         )
     return options.compress_on
 
@@ -433,9 +435,11 @@ def _take(
                 seal(writer)
                 writer = None
         returncode = proc.wait()
-        watcher.join(timeout=10)
+        watcher.join(timeout=30)
         if returncode != 0:
             raise PostgresError(f"pg_basebackup failed (exit {returncode}): {watcher.tail()}")
+        if watcher.is_alive():
+            raise PostgresError("pg_basebackup's messages did not end with it: the snapshot is not recorded")
         if not stream and not tap.ended:
             raise IntegrityError("pg_basebackup's tar stream ended early: the snapshot is incomplete")
         if writer is not None:
@@ -466,6 +470,10 @@ def _take(
             raise BackupError(f"snapshot {snap_id} interrupted: nothing was recorded as complete") from None
         raise
     finally:
+        proc.stdout.close()
+        watcher.join(timeout=5)
+        if not watcher.is_alive():  # never under the thread's feet
+            proc.stderr.close()
         uploads.close(cancel=not ok)
         completer.shutdown(wait=True, cancel_futures=True)
         compressors.shutdown(wait=True, cancel_futures=True)
@@ -511,8 +519,11 @@ def _large_stdout_writes(args: list[str]) -> list[str]:
 
 
 def _basebackup_env() -> dict[str, str]:
+    """Untranslated messages: the manifest is built from them (start and end points, progress)."""
     env = dict(os.environ)
     env.setdefault("PGAPPNAME", "pgherd-backup")
+    env.pop("LANGUAGE", None)
+    env["LC_ALL"] = "C"
     return env
 
 

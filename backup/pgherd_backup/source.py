@@ -6,6 +6,7 @@ DSN and the same privileges as pg_basebackup suffice, on a primary or a standby.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from pgherd_backup.errors import PostgresError
@@ -22,9 +23,8 @@ class SourceInfo:
     @property
     def major(self) -> int:
         """The server's major version (0 when unknown)."""
-        head = self.server_version.split()[0] if self.server_version else ""
-        digits = head.split(".")[0]
-        return int(digits) if digits.isdigit() else 0
+        match = re.match(r"\s*(\d+)", self.server_version)  # "15.8 (Debian ...)", "18devel", "17beta1"
+        return int(match.group(1)) if match else 0
 
 
 def replication_conninfo(dsn: str) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import time
 
+import pytest
 from backup_helpers import TRACEBACK, fill, random_blob_table
 
 from pgherd.local.s3server import free_port
@@ -80,6 +81,37 @@ def test_a_manifest_that_does_not_describe_its_backup_is_refused(pg_factory, s3_
     restored = agent("restore", "--pgdata", str(target), "--target-immediate")
     _assert_clean_failure(restored, "not at 0/1000028", "damaged")
     assert not target.exists(), "a refused restore must not leave a startable directory behind"
+
+
+@pytest.mark.parametrize(
+    ("site", "field", "message"),
+    [("server", "object_sha256", "does not match its manifest"), ("agent", "size", "decompresses to")],
+)
+def test_the_checks_at_the_end_of_the_stream_stop_a_restore(
+    pg_factory, s3_store, agent, site, field, message
+):
+    """The last object's own checksum, and a format-1 snapshot's total size, are known only after the
+    tar's end marker: restore still waits for their verdict."""
+    import json
+
+    primary = pg_factory("primary").initdb().start()
+    fill(primary, rows=500)
+    snap = agent("snapshot", "--source", primary.dsn, "--compress-on", site)
+    assert snap.returncode == 0, snap.stderr
+    [key] = [k for k in s3_store.keys("") if k.endswith("manifest.json")]
+    client = s3_store.endpoint.client()
+    manifest = json.loads(client.get_object(Bucket=s3_store.endpoint.bucket, Key=key)["Body"].read())
+    if field == "size":
+        manifest["size"] += 512
+    else:
+        manifest["objects"][-1]["sha256"] = "0" * 64
+    client.put_object(Bucket=s3_store.endpoint.bucket, Key=key, Body=json.dumps(manifest).encode())
+
+    target = pg_factory("target").pgdata
+    restored = agent("restore", "--pgdata", str(target), "--target-immediate")
+    _assert_clean_failure(restored, message)
+    assert not target.exists(), "a refused restore must not leave a startable directory behind"
+    _assert_clean_failure(agent("verify", "latest"), message)
 
 
 def test_s3_lost_during_a_snapshot_leaves_no_complete_snapshot(

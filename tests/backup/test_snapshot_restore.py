@@ -3,6 +3,8 @@ continued on a new timeline, and the refusals."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from backup_helpers import TRACEBACK, fill, set_port
 
@@ -68,9 +70,17 @@ def test_other_codecs_round_trip(pg_factory, s3_store, agent, codec, site):
     before 15: one frame per object, manifest format 1)."""
     primary = pg_factory("primary").initdb().start()
     fill(primary, rows=3000)
-    snap = agent("snapshot", "--source", primary.dsn, "--compression", codec, "--compress-on", site)
+    # objects and parts of 1 MiB: several objects, and objects that end exactly on a part's end
+    flags = ["--compression", codec, "--compress-on", site, "--object-size", "1", "--part-size", "1"]
+    snap = agent("snapshot", "--source", primary.dsn, *flags)
     assert snap.returncode == 0, snap.stderr
     assert snap.json()["compression"] == codec
+    assert snap.json()["objects"] > 1
+    [key] = [k for k in s3_store.keys("") if k.endswith("manifest.json")]
+    manifest = json.loads(
+        s3_store.endpoint.client().get_object(Bucket=s3_store.endpoint.bucket, Key=key)["Body"].read()
+    )
+    assert all(part["size"] > 0 for obj in manifest["objects"] for part in obj["parts"]), "no empty part"
     expected_site = "none" if codec == "none" else site
     assert snap.json()["compressed_by"] == expected_site
     checked = agent("verify", "latest")
@@ -207,3 +217,12 @@ def test_a_snapshot_shows_its_progress_on_a_terminal(pg_factory, s3_store):
     ), text
     assert re.search(r"\(100%\)", text), text
     assert json.loads(out)["size"] > 32 << 20
+
+
+def test_a_snapshot_under_a_translated_locale(pg_factory, s3_store, agent):
+    """The manifest is built from pg_basebackup's messages: they must not come out in German."""
+    primary = pg_factory("primary").initdb().start()
+    fill(primary, rows=500)
+    snap = agent("snapshot", "--source", primary.dsn, env={"LANGUAGE": "de", "LC_ALL": "C.UTF-8"})
+    assert snap.returncode == 0, snap.stderr
+    assert agent("verify", "latest").returncode == 0

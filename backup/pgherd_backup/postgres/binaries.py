@@ -64,7 +64,16 @@ class PgBinaries:
 
     @property
     def major(self) -> int:
-        out = subprocess.run([self.postgres, "--version"], capture_output=True, text=True, check=True).stdout
+        return self.program_major("postgres")
+
+    def program_major(self, program: str) -> int:
+        """The major version of one of the programs (`<program> --version`)."""
+        try:
+            out = subprocess.run(
+                [self.path(program), "--version"], capture_output=True, text=True, check=True, timeout=30
+            ).stdout
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise PostgresError(f"cannot run {program} --version ({exc})") from None
         match = re.search(r"(\d+)(?:\.\d+)?", out)
         if not match:
             raise PostgresError(f"cannot tell the PostgreSQL version from {out.strip()!r}")
