@@ -159,13 +159,16 @@ class PartFetcher:
         self.futures: dict[int, Future[bytes]] = {}
         self.next_submit = 0
 
+    def url(self, obj: DataObject) -> str:
+        return f"s3://{self.store.bucket}/{self.layout.data_key(self.manifest.id, obj.name)}"
+
     def _download(self, obj: DataObject, index: int, offset: int) -> bytes:
         part = obj.parts[index]
         key = self.layout.data_key(self.manifest.id, obj.name)
         data = self.store.get_bytes(key, (offset, offset + part.size - 1)) if part.size else b""
         if len(data) != part.size or hashlib.sha256(data).hexdigest() != part.sha256:
             raise IntegrityError(
-                f"object s3://{self.store.bucket}/{key} is corrupted (part {index + 1}: size or sha256 "
+                f"object {self.url(obj)} is corrupted (part {index + 1}: size or sha256 "
                 f"mismatch): snapshot {self.manifest.id} cannot be trusted; restore another snapshot "
                 "(`pgherd-backup list`) and run `pgherd-backup verify`"
             )
@@ -185,10 +188,9 @@ class ChainSource:
     """File-like view of the snapshot's verified bytes, object after object, in order; each object's
     size and sha256 are checked as it ends (its parts were checked before this sees them)."""
 
-    def __init__(self, fetcher: PartFetcher, keys: list[str]) -> None:
+    def __init__(self, fetcher: PartFetcher) -> None:
         self.fetcher = fetcher
         self.objects = fetcher.manifest.objects
-        self.keys = keys
         self.index = 0  # the object being read
         self.part = 0  # the next part of the snapshot to fetch
         self.left = len(self.objects[0].parts) if self.objects else 0
@@ -198,7 +200,10 @@ class ChainSource:
 
     @property
     def current(self) -> str:
-        return self.keys[min(self.index, len(self.keys) - 1)] if self.keys else "snapshot"
+        """The object being read (the last one once all are read)."""
+        if not self.objects:
+            return f"snapshot {self.fetcher.manifest.id}"
+        return self.fetcher.url(self.objects[min(self.index, len(self.objects) - 1)])
 
     def read(self, size: int = -1) -> bytes:
         while not self.buffer:
@@ -236,10 +241,9 @@ class ChainSource:
 class Decompressor(threading.Thread):
     """Decompresses the snapshot's objects, read as one stream, into a bounded queue of blocks."""
 
-    def __init__(self, store: Store, manifest: Manifest, fetcher: PartFetcher) -> None:
+    def __init__(self, fetcher: PartFetcher) -> None:
         super().__init__(daemon=True, name="decompress")
-        self.store = store
-        self.manifest = manifest
+        self.manifest = fetcher.manifest
         self.fetcher = fetcher
         self.blocks: queue.Queue[bytes | BaseException | None] = queue.Queue(maxsize=8)
         self.stopping = threading.Event()
@@ -247,12 +251,7 @@ class Decompressor(threading.Thread):
     def run(self) -> None:
         try:
             codec = Codec.get(self.manifest.compression)
-            layout = Layout(self.store.location, self.manifest.system_id)
-            keys = [
-                f"s3://{self.store.bucket}/{layout.data_key(self.manifest.id, obj.name)}"
-                for obj in self.manifest.objects
-            ]
-            source = ChainSource(self.fetcher, keys)
+            source = ChainSource(self.fetcher)
             reader = codec.reader(source)
             raw = 0
             while not self.stopping.is_set():
@@ -363,7 +362,7 @@ def restore_files(
     give_to_pg(pgdata)
     uid, gid = owner_ids()
     fetcher = PartFetcher(store, manifest, options)
-    decompressor = Decompressor(store, manifest, fetcher)
+    decompressor = Decompressor(fetcher)
     ok = False
     if progress is not None:
         progress.set_total(manifest.size)

@@ -192,11 +192,9 @@ class _ObjectWriter:
 
     def seal(self) -> None:
         """The end of this object's input: compress what is left and send the last part."""
-        if self.passthrough:
-            pass
-        elif self.compressor is not None:
+        if self.compressor is not None:
             self.buffer += self.compressor.flush()
-        else:
+        elif not self.passthrough:
             if self.block:
                 self._submit_block()
             while self.blocks:

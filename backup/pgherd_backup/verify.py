@@ -41,7 +41,7 @@ def verify_snapshot(
 ) -> VerifyReport:
     """Raise IntegrityError (naming the object) on the first damaged object."""
     fetcher = PartFetcher(store, manifest, options or RestoreOptions())
-    decompressor = Decompressor(store, manifest, fetcher)
+    decompressor = Decompressor(fetcher)
     reader = QueueReader(decompressor.blocks)
     tap = TarTap((LABEL, CONTROL))
     raw = 0
