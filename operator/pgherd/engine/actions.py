@@ -50,12 +50,15 @@ class DeleteMember:
 class RestartMember:
     """Restart PostgreSQL on the member with the spec of ``revision`` (image, parameters, resources).
 
-    On kube: delete the pod (StatefulSet OnDelete recreates it at the new revision); it comes back in
-    the role it had (a replica stays a replica).
+    On kube: delete the pod (StatefulSet OnDelete recreates it at the new revision). It comes back
+    read-only (a standby of its upstream), unless ``primary`` is set: the engine's explicit order to
+    start this member, the recorded primary, read-write again (a planned in-place restart). A member
+    never starts read-write on the platform's own initiative.
     """
 
     member: str
     revision: str
+    primary: bool = False
     reason: str = ""
 
 

@@ -37,7 +37,19 @@ class MemberView:
     ``wal_receiver_streaming``: pg_stat_wal_receiver.status = 'streaming' (from ``upstream``).
     ``revision``: the spec revision the member runs (see ``pgherd.engine.revision``).
     ``sync``: synchronous_standby_names in force on this member (meaningful on the primary).
-    ``fenced``: the adapter fenced it (out of the rw endpoint, stopped); cleared by Rejoin.
+    ``fenced``: the adapter was asked to fence it (out of the rw endpoint, being stopped); cleared by
+    Rejoin. Not evidence by itself that it stopped: see ``stopped``.
+    ``stopped``: the platform confirms that PostgreSQL does not run on the member (its process or pod
+    is gone, or its agent reports the postmaster stopped). Never inferred from unreachability: an
+    operator cut off from a member knows nothing of it.
+    ``shutdown_clean``: for a stopped member, whether its last shutdown was clean (pg_control says
+    "shut down" / "shut down in recovery"); None when unknown.
+    ``held_lsn``: the most WAL the member provably holds on its ``timeline`` (the end of the last valid
+    record in its pg_wal, at least its received and replayed LSN); for a stopped member its final WAL
+    end. None when the adapter could not establish it: such a member is never ranked for promotion.
+    ``data_present``: False only when the platform positively knows the member's data is gone (volume
+    lost, data directory missing or empty). Unreachability is never evidence of lost data.
+    ``kept_aside``: how many replaced data directories are kept aside on the member's volume.
     """
 
     name: str
@@ -55,6 +67,17 @@ class MemberView:
     data_present: bool = True
     fenced: bool = False
     sync: SyncConfig | None = None
+    stopped: bool = False
+    shutdown_clean: bool | None = None
+    held_lsn: int | None = None
+    kept_aside: int = 0
+
+    @property
+    def most_wal(self) -> int | None:
+        """The WAL position used to rank candidates: ``held_lsn`` when known, else the best of the
+        received and replayed LSN (a floor: a restarted replica under-reports its received LSN)."""
+        known = [lsn for lsn in (self.held_lsn, self.received_lsn, self.replayed_lsn) if lsn is not None]
+        return max(known) if known else None
 
     @property
     def is_primary(self) -> bool:
