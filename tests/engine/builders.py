@@ -34,6 +34,7 @@ def primary(ordinal: int, spec: PostgresClusterSpec, lsn: int = 1000, timeline: 
         timeline=timeline,
         received_lsn=lsn,
         replayed_lsn=lsn,
+        held_lsn=lsn,
         ready=True,
         revision=spec_revision(spec),
     )
@@ -50,6 +51,7 @@ def replica(
         timeline=timeline,
         received_lsn=lsn,
         replayed_lsn=lsn,
+        held_lsn=lsn,
         wal_receiver_streaming=True,
         upstream=upstream,
         ready=True,
@@ -65,6 +67,7 @@ def down(member: MemberView) -> MemberView:
         role=Role.UNKNOWN,
         received_lsn=None,
         replayed_lsn=None,
+        held_lsn=None,
         wal_receiver_streaming=False,
         ready=False,
         sync=None,

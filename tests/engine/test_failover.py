@@ -46,7 +46,7 @@ def test_failover_fences_then_promotes_the_member_with_most_wal() -> None:
     assert decision.phase is Phase.FAILING_OVER
     assert decision.actions == (A.Fence("pg-0", reason=decision.actions[0].reason),)
     assert decision.status.operation is not None and decision.status.operation.step == "fence"
-    fenced = with_members(later(view, 6), replace(view.members[0], fenced=True))
+    fenced = with_members(later(view, 6), replace(view.members[0], fenced=True, stopped=True))
     promote = decide(spec, fenced, decision.status)
     kinds = [type(a) for a in promote.actions]
     assert kinds == [A.SetSynchronousStandbys, A.Promote]
@@ -60,7 +60,7 @@ def test_ties_break_on_replayed_lsn_then_name() -> None:
     spec, view, status = _primary_dies(lsns={1: 950, 2: 950})
     view = with_members(view, replace(view.members[1], replayed_lsn=940))
     first = decide(spec, view, status)
-    fenced = with_members(later(view, 6), replace(view.members[0], fenced=True))
+    fenced = with_members(later(view, 6), replace(view.members[0], fenced=True, stopped=True))
     decision = decide(spec, fenced, decide(spec, later(view, 6), first.status).status)
     assert decision.actions[-1] == A.Promote("pg-2", reason=decision.actions[-1].reason)
 
@@ -99,7 +99,7 @@ def test_member_on_an_old_timeline_is_never_a_candidate() -> None:
     spec, view, status = _primary_dies(lsns={1: 900, 2: 5000})
     view = with_members(view, replace(view.members[2], timeline=0))
     first = decide(spec, view, status)
-    fenced = with_members(later(view, 6), replace(view.members[0], fenced=True))
+    fenced = with_members(later(view, 6), replace(view.members[0], fenced=True, stopped=True))
     decision = decide(spec, fenced, decide(spec, later(view, 6), first.status).status)
     # pg-2 counts for the majority, but its LSN belongs to another history: pg-1 is promoted.
     promotes = [a.member for a in decision.actions if isinstance(a, A.Promote)]
@@ -110,7 +110,7 @@ def test_finish_points_rw_endpoint_and_repoints_others() -> None:
     spec, view, status = _primary_dies(lsns={1: 900, 2: 950})
     s1 = decide(spec, view, status).status
     s2 = decide(spec, later(view, 6), s1).status
-    fenced = with_members(later(view, 6), replace(view.members[0], fenced=True))
+    fenced = with_members(later(view, 6), replace(view.members[0], fenced=True, stopped=True))
     s3 = decide(spec, fenced, s2).status
     promoted = with_members(fenced, replace(view.members[2], role=Role.PRIMARY, timeline=2, upstream=None))
     done = decide(spec, promoted, s3)
@@ -131,14 +131,21 @@ def test_fenced_members_start_read_only_and_count_while_no_primary() -> None:
     spec, view, status = _primary_dies(lsns={0: 1000, 1: 900, 2: 900})
     s1 = decide(spec, view, status).status
     s2 = decide(spec, later(view, 6), s1).status  # Fence pg-0
-    fenced_old = replace(view.members[0], fenced=True)
+    fenced_old = replace(view.members[0], fenced=True, stopped=True)
     lost = with_members(later(view, 7), fenced_old, down(view.members[1]))
     d = decide(spec, lost, s2)
     assert d.phase is Phase.QUORUM_LOST
     assert A.Demote("pg-0", reason=d.actions[0].reason) in d.actions
     assert not [a for a in d.actions if isinstance(a, A.Promote)]
     standby = replace(
-        fenced_old, reachable=True, role=Role.REPLICA, timeline=1, received_lsn=1000, replayed_lsn=1000
+        fenced_old,
+        reachable=True,
+        role=Role.REPLICA,
+        timeline=1,
+        received_lsn=1000,
+        replayed_lsn=1000,
+        held_lsn=1000,
+        stopped=False,
     )
     d2 = decide(spec, with_members(later(view, 8), standby, down(view.members[1])), d.status)
     assert [type(a) for a in d2.actions] == [A.SetSynchronousStandbys, A.Promote]

@@ -40,8 +40,13 @@ def scenarios() -> dict[Phase, Decision]:
     lost = with_members(view, down(view.members[0]), down(view.members[1]), lost_primary(view.members[2]))
     out[Phase.QUORUM_LOST] = decide(spec, lost, status)
     recover = make_spec(backup=STORE, recovery={"onQuorumLoss": "RestoreFromBackup"})
+    gone = with_members(
+        lost,
+        replace(down(view.members[0]), exists=False, data_present=False),
+        replace(down(view.members[1]), exists=False, data_present=False),
+    )
     with_backup = replace(
-        lost, backups=(BackupView("b", "Completed", completed_at=NOW - timedelta(hours=1)),)
+        gone, backups=(BackupView("b", "Completed", completed_at=NOW - timedelta(hours=1)),)
     )
     out[Phase.RECOVERING] = _twice(recover, with_backup, status, 60)
     restore = replace(view, backups=with_backup.backups, restores=(RestoreView("r", backup="b"),))

@@ -100,9 +100,16 @@ def test_scale_down_switches_over_first_when_the_primary_is_removed() -> None:
     assert A.Fence("pg-4", reason="switchover") in seen
 
 
-def _quorum_lost(spec_fields: dict[str, object]) -> tuple[PostgresClusterSpec, ClusterView, EngineStatus]:
+def _quorum_lost(
+    spec_fields: dict[str, object], data_lost: bool = False
+) -> tuple[PostgresClusterSpec, ClusterView, EngineStatus]:
+    """pg-0 (the primary) and pg-1 unreachable; with ``data_lost`` the platform also reports their
+    volumes gone (the evidence an automatic restore needs)."""
     spec, view, status = settled(make_spec(**spec_fields))
-    members = [down(view.members[0]), down(view.members[1]), lost_primary(view.members[2])]
+    gone = [down(view.members[0]), down(view.members[1])]
+    if data_lost:
+        gone = [replace(m, exists=False, data_present=False) for m in gone]
+    members = [*gone, lost_primary(view.members[2])]
     return spec, with_members(view, *members), status
 
 
@@ -116,7 +123,9 @@ def test_quorum_lost_waits_and_never_promotes() -> None:
 
 
 def test_quorum_loss_restores_from_latest_backup_when_asked() -> None:
-    spec, view, status = _quorum_lost({"backup": STORE, "recovery": {"onQuorumLoss": "RestoreFromBackup"}})
+    spec, view, status = _quorum_lost(
+        {"backup": STORE, "recovery": {"onQuorumLoss": "RestoreFromBackup"}}, data_lost=True
+    )
     view = replace(
         view,
         backups=(
@@ -128,8 +137,9 @@ def test_quorum_loss_restores_from_latest_backup_when_asked() -> None:
     assert d.phase is Phase.QUORUM_LOST and "restoring from backup in" in d.message
     d = decide(spec, later(view, 30), d.status)
     assert d.phase is Phase.RECOVERING
-    assert {a.member for a in d.actions if isinstance(a, A.Fence)} == {"pg-0", "pg-1", "pg-2"}
-    fenced = with_members(later(view, 31), *[replace(m, fenced=True) for m in view.members])
+    # pg-0 and pg-1 are gone with their volumes: only pg-2 is left to fence.
+    assert {a.member for a in d.actions if isinstance(a, A.Fence)} == {"pg-2"}
+    fenced = with_members(later(view, 31), *[replace(m, fenced=True, stopped=True) for m in view.members])
     d = decide(spec, fenced, d.status)
     restore = [a for a in d.actions if isinstance(a, A.StartRestore)]
     assert len(restore) == 1 and restore[0].backup == "new" and restore[0].member == "pg-0"
@@ -145,7 +155,7 @@ def test_restore_object_drives_its_phases() -> None:
     d = decide(spec, view, status)
     assert d.phase is Phase.RESTORING
     assert A.UpdateRestore("r1", "Fencing") in d.actions
-    fenced = with_members(view, *[replace(down(m), fenced=True) for m in view.members])
+    fenced = with_members(view, *[replace(down(m), fenced=True, stopped=True) for m in view.members])
     fenced = replace(fenced, restores=(RestoreView("r1", backup="b1", phase="Fencing"),))
     d = decide(spec, fenced, d.status)
     assert [type(a) for a in d.actions] == [A.UpdateRestore, A.StartRestore]

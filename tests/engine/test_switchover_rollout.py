@@ -20,7 +20,15 @@ def test_requested_switchover_drains_then_promotes_caught_up_target() -> None:
     assert [type(a) for a in d1.actions] == [A.Fence]
     assert d1.status.operation is not None and d1.status.operation.target == "pg-1"
     # Clean stop: the adapter reports the final WAL end; pg-1 has it all.
-    old = replace(view.members[0], fenced=True, reachable=False, role=Role.UNKNOWN, received_lsn=1000)
+    old = replace(
+        view.members[0],
+        fenced=True,
+        stopped=True,
+        shutdown_clean=True,
+        reachable=False,
+        role=Role.UNKNOWN,
+        received_lsn=1000,
+    )
     d2 = decide(spec, with_members(view, old), d1.status)
     assert [type(a) for a in d2.actions] == [A.SetSynchronousStandbys, A.Promote]
     assert d2.actions[1].member == "pg-1"  # type: ignore[union-attr]
@@ -30,7 +38,15 @@ def test_switchover_waits_for_exact_catch_up_and_abandons_without_promoting() ->
     spec, view, status = settled()
     view = replace(view, switchover_to="pg-1")
     d1 = decide(spec, view, status)
-    old = replace(view.members[0], fenced=True, reachable=False, role=Role.UNKNOWN, received_lsn=1200)
+    old = replace(
+        view.members[0],
+        fenced=True,
+        stopped=True,
+        shutdown_clean=True,
+        reachable=False,
+        role=Role.UNKNOWN,
+        received_lsn=1200,
+    )
     lagging = replace(view.members[1], wal_receiver_streaming=False)
     d2 = decide(spec, with_members(view, old, lagging), d1.status)
     assert d2.actions == () and "catch up" in d2.message

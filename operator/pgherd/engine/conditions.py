@@ -11,6 +11,7 @@ class ConditionType(StrEnum):
     READY = "Ready"  # every member ready, primary writable, nothing in progress
     PRIMARY_AVAILABLE = "PrimaryAvailable"
     QUORUM_HEALTHY = "QuorumHealthy"  # a majority of the voters reachable; sync standbys in place
+    QUORUM_COMMIT = "QuorumCommit"  # commits wait for a majority (True) or the primary alone (False)
     PROGRESSING = "Progressing"  # an operation runs (True) / was aborted (False) / none (absent)
     CONTINUOUS_ARCHIVING = "ContinuousArchiving"
     LAST_BACKUP_SUCCEEDED = "LastBackupSucceeded"

@@ -94,8 +94,26 @@ class Context:
 
 
 def by_most_data(member: MemberView) -> tuple[int, int, str]:
-    """Sort key: highest received LSN, then highest replayed LSN, then name."""
-    return (-(member.received_lsn or 0), -(member.replayed_lsn or 0), member.name)
+    """Sort key: the most WAL the member provably holds, then the highest replayed LSN, then name.
+
+    Not the received LSN first: a restarted replica's pg_last_wal_receive_lsn() starts again at the
+    segment where streaming resumes, below WAL it already holds."""
+    return (-(member.most_wal or 0), -(member.replayed_lsn or 0), member.name)
+
+
+def cannot_write(member: MemberView | None) -> bool:
+    """Evidence that ``member`` cannot accept a write: it is gone, the platform confirms its PostgreSQL
+    stopped, or it answers as a read-only standby. Being asked to fence (``fenced``) is not evidence:
+    a fence that has not landed leaves a primary running, and an unreachable member may be running."""
+    if member is None or not member.exists or member.stopped:
+        return True
+    return member.reachable and member.role is Role.REPLICA
+
+
+def data_lost(member: MemberView | None) -> bool:
+    """Positive evidence that the member's data is gone (its volume or data directory). A member the
+    operator merely cannot reach, or one not observed at all, keeps its data as far as we know."""
+    return member is not None and not member.data_present
 
 
 @dataclass(frozen=True)

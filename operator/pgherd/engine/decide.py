@@ -6,7 +6,9 @@ Routing, in order of precedence:
 2. bootstrap until the first primary is up;
 3. a Restore/Recovery operation, or a pending Restore object;
 4. a Failover or Switchover operation (also a rollout in its switchover step);
-5. no healthy primary -> failure assessment (wait, fail over, or QuorumLost / automatic recovery);
+5. no healthy primary -> the recorded primary promoted again in place when it came back read-only
+   and nothing else can have been promoted; a planned in-place restart waited for (never a failover);
+   else failure assessment (wait, fail over, or QuorumLost / automatic recovery);
 6. a healthy primary -> membership upkeep (create, rejoin, quorum steps, remove), then a rollout,
    a switchover away from a primary whose ordinal is being removed, or a requested switchover;
 7. with a healthy primary, backups (scheduled, Pending -> Running -> Completed/Failed, prune).
@@ -84,6 +86,13 @@ def _route(ctx: Context) -> Outcome:
             # Member 0's data was moved aside by the failed restore: promote nothing on our own.
             message = f"{aborted.kind} {aborted.restore} failed: {aborted.failed}; create a Restore to retry"
             return Outcome(Phase.FAILED, status, message=message)
+        planned = rollout.restarting_primary(ctx)
+        resumed = failover.resume_in_place(ctx, Phase.UPGRADING if planned else Phase.DEGRADED)
+        if resumed is not None:
+            return resumed
+        if planned:
+            assert operation is not None
+            return rollout.advance(ctx, operation)
         return failover.assess(ctx)
     if status.aborted is not None and _cause_gone(ctx, status.aborted):
         ctx = replace(ctx, status=replace(status, aborted=None))
@@ -134,6 +143,22 @@ def _merge(base: Outcome, top: Outcome) -> Outcome:
     return Outcome(phase, top.status, base.actions + top.actions, message)
 
 
+def _quorum_commit(ctx: Context) -> Condition:
+    """Whether commits wait for a majority, and why not: a cluster scaled below 3 members with
+    ``replication.mode`` unset falls back to async, which must show in status, not happen silently."""
+    if ctx.quorum_mode:
+        return true(
+            ConditionType.QUORUM_COMMIT, "Quorum", "a commit is acknowledged once a majority holds it"
+        )
+    if ctx.spec.replication.mode is None:
+        message = (
+            f"replication.mode is unset and instances is {ctx.spec.instances} (< 3): commits are"
+            " acknowledged by the primary alone and a failover may lose the latest ones"
+        )
+        return false(ConditionType.QUORUM_COMMIT, "AsyncBelowThreeInstances", message)
+    return false(ConditionType.QUORUM_COMMIT, "Async", "replication.mode is async")
+
+
 def _conditions(ctx: Context, phase: Phase, outcome: Outcome) -> tuple[Condition, ...]:
     status = ctx.status
     out: list[Condition] = []
@@ -161,6 +186,7 @@ def _conditions(ctx: Context, phase: Phase, outcome: Outcome) -> tuple[Condition
         out.append(false(ConditionType.QUORUM_HEALTHY, "QuorumLost", message))
     else:
         out.append(false(ConditionType.QUORUM_HEALTHY, "Reconfiguring", "synchronous standbys being changed"))
+    out.append(_quorum_commit(ctx))
     if status.operation is not None:
         out.append(true(ConditionType.PROGRESSING, str(status.operation.kind), status.operation.step))
     elif status.aborted is not None:

@@ -2,43 +2,54 @@
 
 Steps of a Failover operation (recorded before the first one):
 
-``fence``   Fence the old primary until it is observed fenced (or gone): it must not accept a write
-            once another member is promoted.
-``promote`` Choose the reachable replica with the most WAL (received LSN, then replayed LSN, then name)
-            among the voters on the current timeline, only when they are a majority of the voters and,
-            in quorum mode, intersect every ack set that may be in force. Configure its sync standbys,
-            then pg_promote it; repeat (harmless) until it is observed primary.
+``fence``   Fence the old primary until there is evidence that it cannot accept a write (its process
+            or pod gone, its PostgreSQL confirmed stopped, or it answers read-only): being asked to
+            fence is not enough, since a fence may lag or fail and an unreachable primary may run.
+``promote`` Choose the reachable replica with the most WAL it provably holds (then replayed LSN, then
+            name) among the voters on the current timeline, only when they are a majority of the voters
+            and, in quorum mode, intersect every ack set that may be in force. Configure its sync
+            standbys, then pg_promote it; repeat (harmless) until it is observed primary.
 ``finish``  Point the rw endpoint at it and re-point the other members.
 
-If the promoted member vanishes after Promote was issued, it is recorded as the primary anyway and
-the next failure detection deals with it (fencing it first): never two promoted members.
+The failure itself is confirmed first (``assess``): the operator cannot reach the primary for
+``detectionSeconds`` and a majority of the voters agree, each replica's vote being a loss of its WAL
+stream observed continuously for as long. If the promoted member vanishes after Promote was issued, it
+is recorded as the primary anyway and goes through the same confirmation (fenced first): never two
+promoted members.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import datetime
 
 from pgherd.api.cluster import Phase
 from pgherd.engine import recovery
 from pgherd.engine.actions import Action, Demote, Fence, Promote, Rejoin, SetPrimary, SetSynchronousStandbys
-from pgherd.engine.context import Context, Outcome, by_most_data
-from pgherd.engine.quorum import failover_keeps_commits, steady_config
+from pgherd.engine.context import Context, Outcome, by_most_data, cannot_write
+from pgherd.engine.quorum import failover_keeps_commits, majority, steady_config
 from pgherd.engine.status import Operation, OperationKind
 from pgherd.engine.view import MemberView, Role
 
 
 def reachable_replicas(ctx: Context, old: str | None) -> list[MemberView]:
-    """Voters that can count for a failover: reachable replicas reporting their WAL position. The
-    failed primary itself qualifies once fenced and started read-only (Demote): it then holds every
-    commit it acknowledged and cannot write."""
-    return [
-        m
-        for m in ctx.voter_views()
-        if m.reachable
-        and m.role is Role.REPLICA
-        and m.received_lsn is not None
-        and (m.name != old or m.fenced)
-    ]
+    """Voters that can count for a failover: reachable replicas that report the WAL they provably hold
+    (a member whose position is uncertain is never ranked, and so never counted to cover an ack set).
+    The failed primary itself qualifies once it answers read-only (started again as a standby, or by
+    Demote): it then holds every commit it acknowledged and cannot write."""
+    return [m for m in ctx.voter_views() if m.reachable and m.role is Role.REPLICA and m.held_lsn is not None]
+
+
+def promotion_quorum(ctx: Context, old: str | None) -> int:
+    """How many reachable voters a promotion needs: a majority of the voters. With two voters in async
+    mode the operator is the tie-breaker: one suffices once the platform confirms the old primary is
+    gone or stopped (async replication promises no commit to keep, and split brain is excluded)."""
+    voters = len(ctx.status.voters)
+    if voters == 2 and not ctx.quorum_mode and old is not None:
+        member = ctx.view.member(old)
+        if member is None or not member.exists or member.stopped:
+            return 1
+    return majority(voters)
 
 
 def eligible(ctx: Context, old: str | None) -> list[MemberView]:
@@ -69,7 +80,7 @@ def standby_starts(ctx: Context) -> tuple[Action, ...]:
 
 def unsafe_reason(ctx: Context, old: str | None, reachable: list[MemberView]) -> str | None:
     """Why promoting among ``reachable`` could lose acknowledged commits or split the cluster."""
-    needed = ctx.needed()
+    needed = promotion_quorum(ctx, old)
     if len(reachable) < needed:
         return (
             f"only {len(reachable)} of {len(ctx.status.voters)} members are reachable replicas;"
@@ -83,6 +94,31 @@ def unsafe_reason(ctx: Context, old: str | None, reachable: list[MemberView]) ->
     return None
 
 
+def resume_in_place(ctx: Context, phase: Phase = Phase.DEGRADED) -> Outcome | None:
+    """The recorded primary came back read-only (its PostgreSQL crashed and was restarted, which a
+    member never does read-write on its own): promote it again, at once, when nothing else can have
+    been promoted meanwhile (no failover begun, no other primary, on the recorded timeline). It holds
+    every commit it acknowledged; this is faster than a failover and loses nothing. None otherwise."""
+    status = ctx.status
+    member = ctx.primary()
+    if member is None or not member.exists or not member.reachable or member.fenced:
+        return None
+    if member.role is not Role.REPLICA or member.upstream is not None or member.wal_receiver_streaming:
+        return None
+    if status.timeline is not None and member.timeline != status.timeline:
+        return None
+    if any(m.reachable and m.role is Role.PRIMARY for m in ctx.view.existing() if m.name != member.name):
+        return None
+    config = status.sync_pending or status.sync or steady_config(status.voters, member.name, ctx.quorum_mode)
+    why = f"{member.name}, the primary, came back read-only: promoting it in place"
+    return Outcome(
+        phase,
+        replace(status, sync=None, sync_pending=config),
+        (SetSynchronousStandbys(member.name, config, reason=why), Promote(member.name, reason=why)),
+        message=why,
+    )
+
+
 def assess(ctx: Context) -> Outcome:
     """The recorded primary is not a healthy primary and no operation runs: wait, fail over, or
     report the quorum lost (fenced members are started read-only meanwhile)."""
@@ -93,13 +129,26 @@ def assess(ctx: Context) -> Outcome:
     return outcome
 
 
+def _votes(ctx: Context, old: str | None) -> dict[str, datetime]:
+    """Since when each reachable replica has reported, at every observation, that it lost its WAL
+    stream from ``old``. A replica that streams again or cannot be reached loses its vote: one
+    instantaneous sample is not a vote."""
+    since = ctx.status.votes_since
+    out: dict[str, datetime] = {}
+    for member in reachable_replicas(ctx, old):
+        if member.name != old and (old is None or not member.streams_from(old)):
+            out[member.name] = since.get(member.name, ctx.now)
+    return out
+
+
 def _assess(ctx: Context) -> Outcome:
     status = ctx.status
     old = status.current_primary
     since = status.primary_lost_since or ctx.now
-    status = replace(status, primary_lost_since=since)
+    votes_since = _votes(ctx, old)
+    status = replace(status, primary_lost_since=since, votes_since=votes_since)
     reachable = reachable_replicas(ctx, old)
-    needed = ctx.needed()
+    needed = promotion_quorum(ctx, old)
     if len(ctx.reachable_voters()) < needed:
         return recovery.on_quorum_loss(replace(ctx, status=status), f"primary {old} is not available")
     status = replace(status, quorum_lost_since=None)
@@ -115,13 +164,14 @@ def _assess(ctx: Context) -> Outcome:
             message=f"primary {old} unreachable for {elapsed:.0f}s; confirming for"
             f" {ctx.spec.failover.detection_seconds}s before failing over",
         )
-    votes = [m for m in reachable if old is None or not m.streams_from(old)]
+    votes = [name for name, when in votes_since.items() if ctx.now - when >= ctx.detection]
     if len(votes) < needed:
         return Outcome(
             Phase.DEGRADED,
             status,
             message=f"primary {old} unreachable from the operator, but only {len(votes)} replicas lost it"
-            f" ({needed} needed to confirm the failure): no failover",
+            f" for {ctx.spec.failover.detection_seconds}s ({needed} needed to confirm the failure):"
+            " no failover",
         )
     problem = unsafe_reason(ctx, old, reachable)
     if problem is not None:
@@ -140,18 +190,20 @@ def advance(ctx: Context, operation: Operation) -> Outcome:
     old = operation.source
     if operation.step == "fence":
         member = ctx.view.member(old)
-        if member is not None and member.exists and not member.fenced:
+        if not cannot_write(member):
+            assert member is not None
+            # Repeated until the platform shows the old primary cannot write any more.
             return Outcome(
                 Phase.FAILING_OVER,
                 status,
                 (Fence(member.name, reason=operation.reason),),
-                message=f"fencing the old primary {old}",
+                message=f"fencing the old primary {old}: waiting for evidence that it stopped",
             )
         reachable = reachable_replicas(ctx, old)
         candidates = eligible(ctx, old)
         problem = unsafe_reason(ctx, old, reachable) if candidates else "no reachable replica"
         if problem is not None:
-            if len(ctx.reachable_voters()) < ctx.needed():
+            if len(ctx.reachable_voters()) < promotion_quorum(ctx, old):
                 outcome = recovery.on_quorum_loss(ctx, f"failover from {old} waits for a majority")
             else:
                 outcome = Outcome(Phase.FAILING_OVER, status, message=f"waiting to promote: {problem}")
@@ -183,19 +235,21 @@ def promote_step(ctx: Context, operation: Operation, phase: Phase) -> Outcome:
         if silent < ctx.detection:
             message = f"{operation.target} does not answer while being promoted; waiting"
             return Outcome(phase, replace(status, operation=operation), message=message)
-        status = replace(status, current_primary=operation.target, operation=None, primary_lost_since=ctx.now)
-        again = Operation(
-            OperationKind.FAILOVER,
-            started_at=ctx.now,
-            source=operation.target,
-            reason=f"{operation.target} vanished while being promoted",
-        ).at("fence", ctx.now)
-        return advance(replace(ctx, status=replace(status, operation=again)), again)
+        # It is the primary as far as anyone may know: its failure is confirmed like any other
+        # (detection, then a majority of votes) before another member is promoted.
+        status = replace(
+            status,
+            current_primary=operation.target,
+            operation=None,
+            primary_lost_since=ctx.now,
+            votes_since={},
+        )
+        return assess(replace(ctx, status=status))
     # The source is fenced by now: it counts when running read-only (Demote), or, stopped, when it
     # handed all its WAL over (a switchover's final LSN).
     others = ctx.reachable_voters()
     drained = operation.final_lsn is not None and operation.source not in {m.name for m in others}
-    if len(others) + (1 if drained else 0) < ctx.needed():
+    if len(others) + (1 if drained else 0) < promotion_quorum(ctx, operation.source):
         # Decided with a majority; never (re-)issued without one.
         message = f"waiting for a majority to promote {target.name}: {len(others)} reachable"
         return Outcome(phase, replace(status, operation=operation), message=message)
@@ -219,6 +273,7 @@ def finish(ctx: Context, operation: Operation, target: MemberView, phase: Phase)
         timeline=target.timeline,
         primary_lost_since=None,
         quorum_lost_since=None,
+        votes_since={},
     )
     actions: list[Action] = [SetPrimary(target.name, reason=f"{operation.kind} from {operation.source}")]
     for member in ctx.view.existing():

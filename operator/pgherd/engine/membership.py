@@ -3,9 +3,11 @@
 Level-triggered: everything here is derived from the spec, the view and the quorum memory (voters and
 sync configuration), so it needs no operation record to resume. Scaling up creates the missing
 ordinals from the primary; a new member joins the voters (through the quorum resolver) once it
-streams. Scaling down removes the highest ordinals: first from the voters, then from the sync standbys,
-then the member is deleted and its replication slot dropped. The primary is never removed here
-(decide() switches over first).
+streams and holds every commit acknowledged under earlier configurations. Scaling down removes the
+highest ordinals: first from the voters (only once enough of the remaining voters hold every commit
+acknowledged under earlier configurations, see ``_leaving_keeps_commits``), then from the sync
+standbys, then the member is deleted and its replication slot dropped; its volume is kept when it holds
+data kept aside. The primary is never removed here (decide() switches over first).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pgherd.engine.actions import (
     SetSynchronousStandbys,
 )
 from pgherd.engine.context import Context, Outcome
-from pgherd.engine.quorum import SyncStep, VotersStep, check, next_step
+from pgherd.engine.quorum import SyncStep, VotersStep, check, majority, next_step
 from pgherd.engine.status import EngineStatus
 from pgherd.engine.view import MemberView, Role
 
@@ -42,7 +44,7 @@ def needs_rejoin(ctx: Context, member: MemberView, primary: str) -> bool:
     if not member.reachable:
         return False
     if member.role is Role.PRIMARY:
-        return True  # a stray primary: it must follow (after rewind)
+        return True  # a stray primary: it must follow (see _rejoin_action: rewound or re-cloned)
     if member.role is Role.REPLICA and member.upstream != primary:
         return True
     return not member.wal_receiver_streaming and not ctx.on_current_timeline(member)
@@ -84,6 +86,12 @@ def _quorum(ctx: Context, primary: MemberView) -> tuple[EngineStatus, list[Actio
                 # member counts for majorities only once it has them (else a majority of voters could
                 # miss one). Wait for it to catch up.
                 return status, []
+            if (
+                ctx.quorum_mode
+                and step.voters < status.voters
+                and not _leaving_keeps_commits(ctx, status, step.voters, primary)
+            ):
+                return status, []
             if ctx.quorum_mode:
                 check(step.voters, primary.name, status.possible_sync_configs())
             status = replace(status, voters=step.voters)
@@ -100,6 +108,40 @@ def _holds_older_commits(status: EngineStatus, member: MemberView | None) -> boo
     if member is None or member.received_lsn is None:
         return False
     return status.sync_since_lsn is None or member.received_lsn >= status.sync_since_lsn
+
+
+def _leaving_keeps_commits(
+    ctx: Context, status: EngineStatus, remaining: frozenset[str], primary: MemberView
+) -> bool:
+    """May the voters shrink to ``remaining``? Commits acknowledged before the configuration in force
+    (below sync_since_lsn, or anything the primary wrote when that is unknown) may live on the leaving
+    member and on no remaining replica. Every majority of the remaining voters a failover could use
+    must include a replica holding them: at least ``replicas - majority + 1`` holders."""
+    bound = status.sync_since_lsn if status.sync_since_lsn is not None else primary.received_lsn
+    if bound is None:
+        return False
+    replicas = [ctx.view.member(name) for name in sorted(remaining - {primary.name})]
+    holders = sum(
+        1
+        for m in replicas
+        if m is not None
+        and m.received_lsn is not None
+        and m.received_lsn >= bound
+        and ctx.on_current_timeline(m)
+    )
+    return holders >= len(replicas) - majority(len(remaining)) + 1
+
+
+def _rejoin_action(ctx: Context, member: MemberView, primary: str, reclone: bool) -> Rejoin:
+    """Rejoin ``member`` to ``primary``. A stray primary on a history as new as the recorded one (or
+    newer) is re-cloned, never rewound: pg_rewind would throw away writes made on a timeline the engine
+    did not create, and a re-clone keeps the replaced data aside."""
+    stray = (
+        member.reachable
+        and member.role is Role.PRIMARY
+        and (ctx.status.timeline is None or member.timeline is None or member.timeline >= ctx.status.timeline)
+    )
+    return Rejoin(member.name, primary, reclone=reclone or stray, reason="follow")
 
 
 def maintain(ctx: Context, reclone: frozenset[str] = frozenset()) -> Outcome:
@@ -130,7 +172,7 @@ def upkeep(ctx: Context, reclone: frozenset[str] = frozenset()) -> Upkeep:
         if (member.name in reclone and not member.streams_from(primary.name)) or needs_rejoin(
             ctx, member, primary.name
         ):
-            actions.append(Rejoin(member.name, primary.name, reclone=member.name in reclone, reason="follow"))
+            actions.append(_rejoin_action(ctx, member, primary.name, member.name in reclone))
             notes.append(f"rejoining {member.name}")
         elif not member.reachable and member.name != primary.name:
             notes.append(f"{member.name} unreachable")
@@ -145,7 +187,8 @@ def upkeep(ctx: Context, reclone: frozenset[str] = frozenset()) -> Upkeep:
         if member.name in status.voters or listed:
             notes.append(f"removing {member.name} from the quorum")
             continue
-        actions.append(DeleteMember(member.name, keep_data=False, reason="scale down"))
+        # Data kept aside (by a re-clone or a restore) lives on the member's volume: never deleted.
+        actions.append(DeleteMember(member.name, keep_data=member.kept_aside > 0, reason="scale down"))
         actions.append(DropReplicationSlot(primary.name, member.name, reason="scale down"))
         notes.append(f"deleting {member.name}")
     expected = set(ctx.expected_names())
@@ -153,7 +196,7 @@ def upkeep(ctx: Context, reclone: frozenset[str] = frozenset()) -> Upkeep:
     settled = (
         not actions and status.sync_pending is None and expected <= healthy and expected == set(status.voters)
     )
-    status = replace(status, primary_lost_since=None, quorum_lost_since=None)
+    status = replace(status, primary_lost_since=None, votes_since={}, quorum_lost_since=None)
     if settled and not status.complete:
         status = replace(status, complete=True)
     scaling = any(isinstance(a, DeleteMember) for a in actions) or set(status.voters) != expected

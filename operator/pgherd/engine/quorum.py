@@ -115,11 +115,15 @@ def failover_keeps_commits(reachable: Iterable[str], primary: str, configs: Iter
 
     True when fewer than ``k`` of the listed standbys are unreachable: any ``k`` of them then include
     a reachable one. With ``k = 0`` (asynchronous) nothing is guaranteed and the answer is False, unless
-    the old primary is among the reachable (fenced, started read-only).
+    the old primary is among the reachable (fenced, started read-only). With no configuration known,
+    nothing is known of the ack sets: False.
     """
     seen = frozenset(reachable)
     if primary in seen:
         return True  # the old primary itself, fenced and read-only: it holds every commit it acknowledged
+    configs = list(configs)
+    if not configs:
+        return False
     for config in configs:
         standbys = config.standbys - {primary}
         if config.k == 0 or len(standbys - seen) >= config.k:

@@ -4,12 +4,17 @@ With a majority of the voters unreachable nothing is ever promoted: the reachabl
 miss acknowledged commits. The engine reports QuorumLost and waits, unless recovery is asked for:
 
 * ``recovery.onQuorumLoss: RestoreFromBackup``, the primary unavailable too, the quorum lost for at
-  least ``recovery_grace`` (phase Recovering), or
+  least ``recovery_grace``, AND positive evidence that a majority of the voters' data is gone (the
+  platform reports their volume or data directory lost: ``MemberView.data_present`` False). Mere
+  unreachability is never evidence: members cut off from the operator may hold acknowledged commits
+  that no archive has yet, and a restore would roll them back. Without the evidence the engine reports
+  and waits; a person can still apply a Restore (phase Recovering);
 * a Restore object (phase Restoring; its own phases follow the steps below).
 
 Steps of the Recovery / Restore operation:
 
-``fence``    Fence every member: nothing may write while the cluster is rebuilt.
+``fence``    Fence every member until each is confirmed unable to write (gone, stopped, or read-only):
+             nothing may write while the cluster is rebuilt.
 ``restore``  StartRestore into member 0: its data directory is moved aside (never deleted), the
              snapshot fetched and verified, archived WAL replayed to the target, then promotion onto a
              new timeline (Restore phases Restoring, then Replaying).
@@ -35,7 +40,7 @@ from pgherd.engine.actions import (
     StartRestore,
     UpdateRestore,
 )
-from pgherd.engine.context import Context, Outcome
+from pgherd.engine.context import Context, Outcome, cannot_write, data_lost
 from pgherd.engine.quorum import ASYNC
 from pgherd.engine.status import Operation, OperationKind
 from pgherd.engine.view import BackupView, JobKind, JobState, RestoreView, member_name
@@ -69,6 +74,15 @@ def on_quorum_loss(ctx: Context, why: str) -> Outcome:
         return Outcome(Phase.QUORUM_LOST, status, message=f"{base}; the primary is up: waiting for members")
     if ctx.status.aborted is not None and ctx.status.aborted.kind is OperationKind.RECOVERY:
         return Outcome(Phase.QUORUM_LOST, status, message=f"{base}; the last automatic recovery failed")
+    lost = [m.name for m in ctx.voter_views() if data_lost(m)]
+    if len(lost) < ctx.needed():
+        evidence = f"data lost on {', '.join(lost)}" if lost else "no member's data is known to be lost"
+        return Outcome(
+            Phase.QUORUM_LOST,
+            status,
+            message=f"{base}; no automatic restore: {evidence} ({ctx.needed()} needed). The members may"
+            " hold commits the archive lacks; apply a Restore to restore anyway",
+        )
     remaining = recovery_grace(ctx) - (ctx.now - since)
     if remaining > timedelta(0):
         return Outcome(
@@ -155,7 +169,7 @@ def advance(ctx: Context, operation: Operation) -> Outcome:
 
     if operation.step == "fence":
         report(RestorePhase.FENCING)
-        unfenced = [m for m in ctx.view.existing() if not m.fenced]
+        unfenced = [m for m in ctx.view.existing() if not m.fenced or not cannot_write(m)]
         if unfenced:
             actions += [Fence(m.name, reason=operation.reason) for m in unfenced]
             return Outcome(phase, status, tuple(actions), f"fencing {', '.join(m.name for m in unfenced)}")
@@ -208,6 +222,7 @@ def advance(ctx: Context, operation: Operation) -> Outcome:
             sync=None,
             sync_pending=ASYNC,
             primary_lost_since=None,
+            votes_since={},
             quorum_lost_since=None,
         )
         actions.clear()

@@ -7,8 +7,14 @@ next. Then, with ``upgrade.primaryUpdateMethod: switchover``, an updated replica
 restarted in place (also with a single instance: no one to switch over to). Before each restart every
 other member must be ready and the remaining streaming standbys must still cover the quorum; the
 rollout waits for that. It aborts (phase Failed, condition Progressing=False) when a member does not
-come back, or the wait does not end, within ``STEP_TIMEOUT``, or when the switchover fails. It never
-restarts the primary as a fallback.
+come back, or the wait does not end, within ``STEP_TIMEOUT``, or when the switchover fails (the old
+primary is then resumed: the switchover's Unfence and SetPrimary are kept). It never restarts the primary
+as a fallback.
+
+A planned in-place restart of the primary is not a failure: while it lasts (at most
+``PRIMARY_RESTART_TIMEOUT``) decide() routes here, not to failure assessment, so nothing is fenced or
+promoted. If the primary does not come back in that time the rollout aborts and the ordinary failure
+handling (detection, votes) takes over.
 """
 
 from __future__ import annotations
@@ -18,12 +24,13 @@ from datetime import timedelta
 
 from pgherd.api.cluster import Phase, PrimaryUpdateMethod
 from pgherd.engine import switchover
-from pgherd.engine.actions import RestartMember
+from pgherd.engine.actions import Action, RestartMember
 from pgherd.engine.context import Context, Outcome
 from pgherd.engine.status import Operation, OperationKind
 from pgherd.engine.view import MemberView
 
 STEP_TIMEOUT = timedelta(minutes=10)
+PRIMARY_RESTART_TIMEOUT = timedelta(minutes=2)
 
 
 def outdated(ctx: Context) -> list[MemberView]:
@@ -57,9 +64,24 @@ def start(ctx: Context) -> Outcome | None:
     return advance(replace(ctx, status=replace(ctx.status, operation=operation)), operation)
 
 
-def _abort(ctx: Context, operation: Operation, why: str) -> Outcome:
+def _abort(ctx: Context, operation: Operation, why: str, actions: tuple[Action, ...] = ()) -> Outcome:
+    """Stop the rollout and report it; ``actions`` are what the failed step still needs done (a
+    switchover's resumption of the old primary)."""
     status = replace(ctx.status, operation=None, aborted=replace(operation, failed=why))
-    return Outcome(Phase.FAILED, status, message=f"rolling update aborted: {why}")
+    return Outcome(Phase.FAILED, status, actions, message=f"rolling update aborted: {why}")
+
+
+def restarting_primary(ctx: Context) -> bool:
+    """Is the recorded primary down for this rollout's planned in-place restart? (advance() waits for
+    it, and aborts once PRIMARY_RESTART_TIMEOUT has passed.)"""
+    operation = ctx.status.operation
+    if (
+        operation is None
+        or operation.kind is not OperationKind.ROLLOUT
+        or operation.step != "restart-primary"
+    ):
+        return False
+    return operation.source == ctx.status.current_primary
 
 
 def _ready(ctx: Context, member: MemberView) -> bool:
@@ -79,7 +101,10 @@ def advance(ctx: Context, operation: Operation) -> Outcome:
         if progress.failed is not None:
             failed_ctx = replace(ctx, status=progress.outcome.status)
             return _abort(
-                failed_ctx, operation, f"switchover to {operation.target} failed: {progress.failed}"
+                failed_ctx,
+                operation,
+                f"switchover to {operation.target} failed: {progress.failed}",
+                progress.outcome.actions,
             )
         if not progress.finished:
             return progress.outcome
@@ -129,7 +154,7 @@ def advance(ctx: Context, operation: Operation) -> Outcome:
                 return Outcome(
                     Phase.RUNNING, replace(status, operation=None), message=f"{done.kind} complete"
                 )
-            if operation.step == "restart-primary" and age > STEP_TIMEOUT:
+            if operation.step == "restart-primary" and age > PRIMARY_RESTART_TIMEOUT:
                 return _abort(ctx, operation, f"the primary {old_primary} did not come back in time")
             if member.revision == ctx.revision:
                 return Outcome(Phase.UPGRADING, status, message=f"waiting for the primary {old_primary}")
@@ -141,7 +166,11 @@ def advance(ctx: Context, operation: Operation) -> Outcome:
             return Outcome(
                 Phase.UPGRADING,
                 replace(status, operation=operation),
-                (RestartMember(old_primary, ctx.revision, reason="primaryUpdateMethod: restart"),),
+                (
+                    RestartMember(
+                        old_primary, ctx.revision, primary=True, reason="primaryUpdateMethod: restart"
+                    ),
+                ),
                 message=f"restarting the primary {old_primary} in place",
             )
         updated = [m for m in ctx.healthy_replicas() if m.revision == ctx.revision]

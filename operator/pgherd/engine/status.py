@@ -111,6 +111,9 @@ class EngineStatus:
     # received that much (see membership._quorum).
     sync_since_lsn: int | None = None
     primary_lost_since: datetime | None = None
+    # Replicas voting that the primary failed, each since when it has reported at every observation
+    # that it lost its WAL stream (see failover._votes).
+    votes_since: dict[str, datetime] = field(default_factory=dict)
     quorum_lost_since: datetime | None = None
     last_scheduled_backup: datetime | None = None
     operation: Operation | None = None
@@ -134,6 +137,10 @@ class EngineStatus:
             moment = getattr(self, name)
             if moment is not None:
                 out[_camel(name)] = moment.isoformat()
+        if self.votes_since:
+            out["votesSince"] = {
+                name: self.votes_since[name].isoformat() for name in sorted(self.votes_since)
+            }
         if self.operation is not None:
             out["operation"] = self.operation.to_dict()
         if self.aborted is not None:
@@ -162,6 +169,10 @@ class EngineStatus:
             sync_pending=config("syncPending"),
             sync_since_lsn=data.get("syncSinceLsn"),
             primary_lost_since=moment("primaryLostSince"),
+            votes_since={
+                str(name): datetime.fromisoformat(when)
+                for name, when in (data.get("votesSince") or {}).items()
+            },
             quorum_lost_since=moment("quorumLostSince"),
             last_scheduled_backup=moment("lastScheduledBackup"),
             operation=None if operation is None else Operation.from_dict(operation),

@@ -3,9 +3,12 @@
 Steps (``operation.source`` is the primary, ``operation.target`` the member to promote):
 
 ``switchover-fence``    Fence the primary: out of the rw endpoint, clean shutdown. PostgreSQL's clean
-                        shutdown sends all WAL to the connected standbys; the adapter reports the
-                        final WAL end (``received_lsn`` of the fenced member), recorded as final_lsn.
-``switchover-catchup``  Wait until the target received exactly that much WAL.
+                        shutdown sends all WAL to the connected standbys; once the platform confirms
+                        the member stopped and its shutdown was clean, its final WAL end
+                        (``received_lsn`` of the stopped member) is recorded as final_lsn. After an
+                        unclean stop (a fast shutdown that timed out and was killed) the final WAL
+                        end is unknown: the switchover is abandoned.
+``switchover-catchup``  Wait until the target holds exactly that much WAL.
 ``switchover-promote``  As in a failover (sync standbys first, then pg_promote), then re-point.
 
 The target is checked before the first step: a voter, streaming from the primary, ready, on the
@@ -83,11 +86,15 @@ def advance(ctx: Context, operation: Operation, phase: Phase = Phase.SWITCHING_O
     target = ctx.view.member(operation.target)
     step_age = ctx.now - (operation.step_started_at or operation.started_at)
     if operation.step == "switchover-fence":
-        if old is not None and old.exists and not old.fenced:
+        if old is not None and old.exists and not (old.fenced and old.stopped):
+            if step_age > SWITCHOVER_TIMEOUT:
+                return _abandon(ctx, operation, phase, f"{old.name} did not stop in time")
             return Progress(
                 Outcome(phase, status, (Fence(old.name, reason="switchover"),), f"draining {old.name}")
             )
-        final = old.received_lsn if old is not None else None
+        # Only a clean shutdown hands every WAL record to the standbys and tells where WAL ends.
+        clean = old is not None and old.exists and old.stopped and old.shutdown_clean is True
+        final = old.received_lsn if clean and old is not None else None
         operation = replace(operation, final_lsn=final).at("switchover-catchup", ctx.now)
         status = replace(status, operation=operation)
         ctx = replace(ctx, status=status)
@@ -95,7 +102,7 @@ def advance(ctx: Context, operation: Operation, phase: Phase = Phase.SWITCHING_O
     if operation.step == "switchover-catchup":
         if operation.final_lsn is None:
             return _abandon(ctx, operation, phase, f"the final WAL position of {operation.source} is unknown")
-        have = target.received_lsn if target is not None and target.reachable else None
+        have = target.most_wal if target is not None and target.reachable else None
         if have is not None and have >= operation.final_lsn:
             operation = operation.at("switchover-promote", ctx.now)
             ctx = replace(ctx, status=replace(status, operation=operation))
@@ -112,7 +119,8 @@ def advance(ctx: Context, operation: Operation, phase: Phase = Phase.SWITCHING_O
 
 def _abandon(ctx: Context, operation: Operation, phase: Phase, why: str) -> Progress:
     """Nothing was promoted: resume the old primary (if it does not come back, the failover path
-    takes over after its detection period)."""
+    takes over after its detection period). Unfence is the engine's explicit order to start it
+    read-write again: it is still the recorded primary and no other member was promoted."""
     status = replace(ctx.status, operation=None)
     old = str(operation.source)
     actions = (
