@@ -23,11 +23,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PATH=/opt/pgherd/bin:$PATH
 
-COPY pyproject.toml README.md /src/
+# scripts/install-pgherd.sh is the install tests/packaging/test_install.py runs and checks (the wheel,
+# pinned by constraints.txt, no extras: the image runs the operator, the agent and the backup jobs, not
+# the sandbox), from these same files: the image is what that test proved.
+COPY pyproject.toml README.md constraints.txt /src/
 COPY operator /src/operator
 COPY backup /src/backup
-RUN python3 -m venv /opt/pgherd \
-    && /opt/pgherd/bin/pip install --no-cache-dir /src \
+COPY scripts/install-pgherd.sh /src/scripts/
+RUN PIP_NO_CACHE_DIR=1 sh /src/scripts/install-pgherd.sh /src /opt/pgherd \
     && rm -rf /src
 
 # Kubernetes sets the command of each container; this makes `docker run IMAGE pgherd-backup ...`,

@@ -570,10 +570,10 @@ def test_dockerfile_essentials() -> None:
     assert instructions[1] == ("FROM", "postgres:${PG_MAJOR}-bookworm")
     assert keywords.count("FROM") == 1, "one image for the operator, the PostgreSQL pods and the Jobs"
     runs = " ".join(arguments for keyword, arguments in instructions if keyword == "RUN")
-    assert "python3 -m venv /opt/pgherd" in runs
-    assert re.search(r"/opt/pgherd/bin/pip install [^&]*/src\b", runs)
+    # the install tests/packaging/test_install.py runs (and checks these arguments of)
+    assert re.search(r"\bsh /src/scripts/install-pgherd\.sh /src /opt/pgherd(?=\s+&&|\s*$)", runs)
     copies = " ".join(arguments for keyword, arguments in instructions if keyword == "COPY")
-    for needed in ("pyproject.toml", "operator", "backup"):
+    for needed in ("pyproject.toml", "constraints.txt", "operator", "backup", "scripts/install-pgherd.sh"):
         assert needed in copies, needed
     envs = " ".join(arguments for keyword, arguments in instructions if keyword == "ENV")
     assert "PATH=/opt/pgherd/bin:" in envs
@@ -594,4 +594,5 @@ def test_dockerignore_keeps_local_state_out() -> None:
     patterns = {line.rstrip("/") for line in lines if line and not line.startswith("#")}
     local_state = {".venv", ".git", ".tools", ".mypy_cache", ".ruff_cache", ".pytest_cache", "**/__pycache__"}
     assert local_state <= patterns
-    assert not {"operator", "backup", "pyproject.toml", "README.md", "*", "**"} & patterns
+    needed = {"operator", "backup", "pyproject.toml", "README.md", "constraints.txt", "scripts"}
+    assert not {*needed, "scripts/install-pgherd.sh", "*", "**"} & patterns

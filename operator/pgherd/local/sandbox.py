@@ -19,7 +19,7 @@ from typing import Any
 from pgherd.api.admission import admit
 from pgherd.local.layout import SandboxPaths, read_json
 from pgherd.local.objects import ObjectStore
-from pgherd.local.s3server import free_port
+from pgherd.local.s3server import S3ServerUnavailable, choose_backend, free_port
 from pgherd.local.state import MemberState, S3Endpoint, SandboxState
 from pgherd_backup.postgres import postmaster
 from pgherd_backup.postgres.process import grant_traverse
@@ -64,10 +64,12 @@ class Sandbox:
             raise SandboxError(
                 "`sandbox up` needs a PostgresCluster manifest (apply Backups and Restores later)"
             )
+        store = ((manifest.get("spec") or {}).get("backup") or {}).get("store")
+        if store is None:
+            _require_embedded_s3()  # before anything is written: the supervisor would die at start-up
         self.root.mkdir(parents=True, exist_ok=True)
         grant_traverse(self.root)
         s3_port = free_port()
-        store = ((manifest.get("spec") or {}).get("backup") or {}).get("store")
         if store is None:
             # The embedded S3 server becomes the store, before admission: rules that need a store
             # (recovery.onQuorumLoss: RestoreFromBackup, schedules) then hold.
@@ -285,7 +287,8 @@ class Sandbox:
             time.sleep(0.1)
 
     def resume(self) -> int:
-        self.state()
+        if self.state().s3.embedded:
+            _require_embedded_s3()
         return self.start_supervisor()
 
     def down(self, *, keep_data: bool = False) -> None:
@@ -316,6 +319,14 @@ class Sandbox:
                 os.kill(state.s3.pid, signal.SIGTERM)
         if not keep_data:
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _require_embedded_s3() -> None:
+    """The embedded S3 server can run here (the `sandbox` extra's rclone, rclone on PATH, or moto)."""
+    try:
+        choose_backend()
+    except S3ServerUnavailable as exc:
+        raise SandboxError(str(exc)) from None
 
 
 def _alive(pid: int) -> bool:
