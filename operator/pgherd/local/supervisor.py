@@ -15,12 +15,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.engine import Decision, EngineStatus, decide
-from pgherd.engine.actions import RecordEvent, UpdateBackup, UpdateRestore
+from pgherd.engine.actions import Action, RecordEvent, UpdateBackup, UpdateRestore
 from pgherd.engine.status import OperationKind
 from pgherd.local.layout import SandboxPaths, read_json, write_json
 from pgherd.local.objects import ObjectStore, now_iso
@@ -61,6 +62,34 @@ def ensure_s3(paths: SandboxPaths, state: SandboxState) -> S3Server | None:
     state.s3.pid = server._proc.pid if server._proc is not None else None
     state.save(paths)
     return server
+
+
+class ActionTaker(Protocol):
+    def apply(self, action: Action, spec: PostgresClusterSpec) -> None: ...
+
+
+def apply_actions(
+    platform: ActionTaker, actions: Sequence[Action], spec: PostgresClusterSpec, previous: set[str]
+) -> set[str]:
+    """Apply a decision's actions in order, stopping at the first that fails: the later ones may rely
+    on it (no Promote after a failed SetSynchronousStandbys), and the engine re-issues whatever is still
+    needed on the next tick. Returns the actions (as text) for the next tick's log filter.
+
+    ``previous``: the actions issued on the last tick, logged again only when they change.
+    """
+    for index, action in enumerate(actions):
+        if (
+            not isinstance(action, RecordEvent | UpdateBackup | UpdateRestore)
+            and repr(action) not in previous
+        ):
+            log.info("action %s", action)
+        try:
+            platform.apply(action, spec)
+        except Exception as exc:
+            skipped = ", ".join(type(a).__name__ for a in actions[index + 1 :]) or "none"
+            log.warning("action %s failed: %s; not applied: %s", type(action).__name__, exc, skipped)
+            break
+    return {repr(a) for a in actions}
 
 
 class Supervisor:
@@ -152,18 +181,7 @@ class Supervisor:
         self.write_status(cluster, spec, decision, seen)
         self.platform.current_primary = decision.status.current_primary
         self._clear_switchover(decision, request, target)
-        issued = {repr(a) for a in decision.actions}
-        for action in decision.actions:
-            if (
-                not isinstance(action, RecordEvent | UpdateBackup | UpdateRestore)
-                and repr(action) not in self.last_actions
-            ):
-                log.info("action %s", action)
-            try:
-                self.platform.apply(action, spec)
-            except Exception as exc:
-                log.warning("action %s failed: %s", type(action).__name__, exc)
-        self.last_actions = issued
+        self.last_actions = apply_actions(self.platform, decision.actions, spec, self.last_actions)
         if decision.phase.value != self.last_phase or decision.message != self.last_message:
             log.info("phase %s: %s", decision.phase.value, decision.message)
             self.last_phase, self.last_message = decision.phase.value, decision.message
