@@ -29,7 +29,7 @@ SELECT pg_is_in_recovery(),
        (SELECT coalesce(last_failed_time < last_archived_time, last_failed_time IS NULL)
           FROM pg_stat_archiver),
        (SELECT max(('x' || substr(name, 1, 8))::bit(32)::int) FROM pg_ls_waldir()
-         WHERE name ~ '^[0-9A-F]{24}$' OR name ~ '^[0-9A-F]{8}[.]history$')
+         WHERE name ~ '^[0-9A-F]{24}$')
 """
 
 
@@ -94,9 +94,12 @@ def observe(dsn: str) -> Observation:
     replayed_lsn = parse_lsn(replayed) if replayed else None
     received_lsn = parse_lsn(received) if received else replayed_lsn
     if in_recovery:
-        # The newest timeline the replica holds WAL for. Its last restartpoint (pg_control) may still be
-        # on an older one long after it followed a promotion, and its receiver is gone when the primary is:
-        # exactly when the engine must know which history it is on.
+        # The newest timeline the replica holds WAL for: its receiver's, else the newest of its WAL
+        # segments. Its last restartpoint (pg_control) may still be on an older one long after it followed
+        # a promotion, and its receiver is gone when the primary is: exactly when the engine must know
+        # which history it is on. Segments only: a history file of a newer timeline (fetched by its
+        # walreceiver, or from the archive) is no evidence of being on it; a replica ahead of that
+        # timeline's fork point stays on its own.
         timeline = max(t for t in (received_tli, checkpoint_tli, waldir_tli) if t is not None)
     else:
         timeline = wal_tli or checkpoint_tli
