@@ -55,6 +55,10 @@ class PgBinaries:
         return self.path("pg_controldata")
 
     @property
+    def pg_waldump(self) -> str:
+        return self.path("pg_waldump")
+
+    @property
     def psql(self) -> str:
         return self.path("psql")
 
