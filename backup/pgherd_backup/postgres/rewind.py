@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,6 +35,12 @@ def aside_path(pgdata: Path) -> Path:
         suffix += 1
         candidate = pgdata.with_name(f"{pgdata.name}.pgherd-old-{stamp}-{suffix}")
     return candidate
+
+
+def _rename_aside(pgdata: Path) -> Path:
+    kept = aside_path(pgdata)
+    os.rename(pgdata, kept)
+    return kept
 
 
 def checkpoint_source(primary_dsn: str) -> None:
@@ -67,8 +74,13 @@ def rejoin_as_standby(
     slot: str | None = None,
     restore_command: str | None = None,
     allow_reclone: bool = True,
+    keep_aside: Callable[[Path], Path] | None = None,
 ) -> RejoinResult:
-    """Make `pgdata` a standby of `primary_dsn` again, keeping this member's own settings."""
+    """Make `pgdata` a standby of `primary_dsn` again, keeping this member's own settings.
+
+    `keep_aside(pgdata)` moves the data a re-clone replaces out of the way and returns where it went
+    (default: beside `pgdata`); a platform passes its own to keep it where deleting the member's volume
+    cannot reach it."""
     pgdata = Path(pgdata)
     bins = bins or PgBinaries.find()
     own = read_pgherd_conf(pgdata)  # pg_rewind and a clone both bring the primary's copy
@@ -84,9 +96,8 @@ def rejoin_as_standby(
     except PostgresError as exc:
         if not allow_reclone:
             raise
-        kept = aside_path(pgdata)
+        kept = keep_aside(pgdata) if keep_aside is not None else _rename_aside(pgdata)
         log.warning("pg_rewind failed (%s): cloning the primary again, old data kept in %s", exc, kept)
-        os.rename(pgdata, kept)
         basebackup_seed(
             pgdata,
             primary_dsn,

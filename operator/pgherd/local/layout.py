@@ -67,6 +67,15 @@ class SandboxPaths:
         return self.members / name / "postgres.log"
 
     @property
+    def kept(self) -> Path:
+        """Data directories replaced by a re-clone or a restore, per member: outside the members' own
+        folders, so that deleting a member (its volume) never deletes them."""
+        return self.root / "kept"
+
+    def kept_dir(self, name: str) -> Path:
+        return self.kept / name
+
+    @property
     def jobs(self) -> Path:
         return self.root / "jobs"
 

@@ -3,8 +3,13 @@
 It plays the part Kubernetes plays for the kube adapter: it keeps members running (a member whose
 PostgreSQL dies is started again after ``restart_delay``, as the kubelet restarts a container), runs
 its instance entrypoint (seed an empty data directory from the primary, bring an old primary back as a
-standby), and carries out the engine's actions. It never decides a role: a member never starts as a
-primary unless the engine's recorded primary is that member, and only Promote promotes.
+standby), and carries out the engine's actions. It never decides a role: a member starts read-write
+only on the engine's explicit order (Promote, RestartMember with ``primary``, Unfence of the primary
+whose switchover was abandoned, a restore); a crashed member always comes back read-only, the
+recorded primary included.
+
+A fenced member is stopped at once, whatever its worker is doing, and stays stopped: no worker starts
+it unless its order came after the last Fence (Demote starts it read-only, Rejoin as a standby).
 
 Slow steps (seeding, rewinding, restarting) run in one worker thread per member so that observation
 and failover never wait for them; an action for a busy member is skipped and the engine re-issues it.
@@ -20,6 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,7 +34,6 @@ import psycopg
 
 from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.engine import actions as act
-from pgherd.engine.lsn import parse_lsn
 from pgherd.engine.view import (
     BackupView,
     ClusterView,
@@ -50,15 +55,16 @@ from pgherd_backup.postgres.binaries import PgBinaries
 from pgherd_backup.postgres.config import (
     Setting,
     archive_command,
+    clear_standby_config,
     member_settings,
     restore_command,
     update_pgherd_conf,
     write_standby_config,
 )
-from pgherd_backup.postgres.control import read_controldata
 from pgherd_backup.postgres.process import give_to_pg, grant_traverse, make_pg_dir
 from pgherd_backup.postgres.rewind import rejoin_as_standby
 from pgherd_backup.postgres.seed import basebackup_seed, initdb, is_empty
+from pgherd_backup.postgres.walend import WalEndReader
 
 log = logging.getLogger("pgherd.sandbox")
 
@@ -79,6 +85,17 @@ _FAST_SETTINGS: dict[str, Setting] = {
     "fsync": "on",
     "log_line_prefix": "%m [%p] %q%a ",
 }
+
+
+@dataclass(frozen=True)
+class _WalHeld:
+    timeline: int | None
+    held_lsn: int | None
+    shutdown_clean: bool | None
+
+
+class FencedError(RuntimeError):
+    """A worker may not start a member fenced after its order was given: the newer order wins."""
 
 
 def _quote(value: str) -> str:
@@ -102,6 +119,11 @@ class LocalPlatform:
         self._rejoin_asked: dict[str, float] = {}
         self._repointed: dict[str, str] = {}
         self._observed: dict[str, Observation] = {}
+        # Each Fence bumps its member's epoch; a worker may start a fenced member only under the epoch
+        # its order was given in (Demote, Rejoin), never under a later Fence.
+        self._fence_epochs: dict[str, int] = {}
+        self._start_epochs: dict[str, int | None] = {}
+        self.wal = WalEndReader(self.bins)
         self._lock = threading.Lock()
         self._load_members()
 
@@ -199,8 +221,14 @@ class LocalPlatform:
         worker = self._workers.get(name)
         return worker is not None and worker.is_alive()
 
-    def _spawn(self, name: str, what: str, work: Callable[[], None]) -> bool:
-        """Run slow work for one member in its worker; False when the member is busy already."""
+    def _spawn(
+        self, name: str, what: str, work: Callable[[], None], *, fenced_epoch: int | None = None
+    ) -> bool:
+        """Run slow work for one member in its worker; False when the member is busy already.
+
+        ``fenced_epoch``: the fence epoch the order was given in, for work allowed to start the member
+        although fenced (Demote, Rejoin); a later Fence takes that right away (see may_start).
+        """
         with self._lock:
             if self.busy(name):
                 return False
@@ -208,8 +236,10 @@ class LocalPlatform:
             def run() -> None:
                 try:
                     work()
+                except FencedError as exc:
+                    log.info("%s %s stopped: %s", what, name, exc)
                 except Exception as exc:
-                    log.error("%s on %s failed: %s", what, name, exc)
+                    log.error("%s %s failed: %s", what, name, exc)
                     member = self.members.get(name)
                     if member is not None:
                         member.notes = [*member.notes[-4:], f"{now_iso()} {what} failed: {exc}"]
@@ -218,21 +248,46 @@ class LocalPlatform:
 
             thread = threading.Thread(target=run, name=f"{what}-{name}", daemon=True)
             self._workers[name] = thread
+            self._start_epochs[name] = fenced_epoch
             thread.start()
             log.info("%s %s", what, name)
             return True
+
+    def _fence_epoch(self, name: str) -> int:
+        return self._fence_epochs.get(name, 0)
+
+    def may_start(self, name: str) -> bool:
+        """Whether a worker in flight may still start PostgreSQL on the member."""
+        if not self.busy(name):
+            return False
+        member = self.members.get(name)
+        if member is None or not member.fenced:
+            return True
+        return self._start_epochs.get(name) == self._fence_epoch(name)
+
+    def _refuse_if_fenced(self, name: str, fenced_epoch: int | None) -> None:
+        member = self.members[name]
+        if member.fenced and (fenced_epoch is None or fenced_epoch != self._fence_epoch(name)):
+            raise FencedError(f"{name} is fenced: not starting it")
 
     def running(self, name: str) -> bool:
         return postmaster.is_running(self.paths.member_data(name))
 
     def keep_running(self, spec: PostgresClusterSpec) -> None:
-        """Restart dead members after the restart delay, through the instance entrypoint."""
+        """Restart dead members after the restart delay, through the instance entrypoint; keep fenced
+        members stopped."""
         now = time.time()
         for name, member in list(self.members.items()):
-            if not member.wanted or member.fenced or self.busy(name) or self.running(name):
-                if self.running(name) and member.restart_at is not None:
-                    member.restart_at = None
-                    member.save(self.paths)
+            running = self.running(name)
+            if running and member.restart_at is not None:
+                member.restart_at = None
+                member.save(self.paths)
+            if member.fenced:
+                if running and not member.demoted and not self.busy(name):
+                    log.warning("%s is fenced but running: stopping it", name)
+                    self._stop(name, fast_timeout=5)
+                continue
+            if not member.wanted or self.busy(name) or running:
                 continue
             if member.restart_at is None:
                 member.restart_at = now + self.state.restart_delay
@@ -240,10 +295,14 @@ class LocalPlatform:
                 log.info("%s is down: restarting it in %.0fs", name, self.state.restart_delay)
                 continue
             if now >= member.restart_at:
-                self._spawn(name, "restart", lambda n=name: self._entrypoint(n, spec))  # type: ignore[misc]
+                epoch = self._fence_epoch(name)
+                self._spawn(name, "restart", lambda n=name, e=epoch: self._entrypoint(n, spec, e))  # type: ignore[misc]
 
-    def _entrypoint(self, name: str, spec: PostgresClusterSpec) -> None:
-        """What the instance entrypoint does when a pod starts: never makes a primary on its own."""
+    def _entrypoint(self, name: str, spec: PostgresClusterSpec, epoch: int) -> None:
+        """What the instance entrypoint does when a pod starts: an existing data directory always starts
+        read-only, following the engine's primary (with no upstream when that is the member itself or
+        unknown: the engine promotes it explicitly); an old primary is rewound first when its successor
+        answers."""
         member = self.members[name]
         pgdata = self.paths.member_data(name)
         primary = self.current_primary
@@ -254,30 +313,50 @@ class LocalPlatform:
                 log.info("%s has no data and no primary to clone: waiting", name)
                 return
             self._clone(name, primary, spec)
-        else:
-            standby = (pgdata / "standby.signal").exists() or (pgdata / "recovery.signal").exists()
-            if not standby and primary != name:
-                # An old primary: it comes back as a replica, rewound, or not at all.
-                if primary is None or not self._reachable(primary):
-                    member.restart_at = time.time() + self.state.restart_delay
-                    member.save(self.paths)
-                    log.info("%s was a primary and %s is not reachable: waiting", name, primary)
-                    return
-                self._rejoin(name, primary, reclone=False, spec=spec)
-                return
-            if standby and primary is not None and primary != name:
-                update_pgherd_conf(pgdata, {"primary_conninfo": self.replica_conninfo(name, primary)})
+            self._start(name)
+            return
+        if (pgdata / "recovery.signal").exists():
+            # A restore's targeted recovery, ordered by the engine: it ends with the promotion it was
+            # told to make.
+            self._start(name)
+            return
+        upstream = primary if primary is not None and primary != name else None
+        was_primary = not (pgdata / "standby.signal").exists()
+        if was_primary and upstream is not None and self._reachable(upstream):
+            self._rejoin(name, upstream, reclone=False, spec=spec, epoch=epoch)
+            return
+        self._configure_standby(name, upstream)
         self._start(name)
+
+    def _configure_standby(self, name: str, upstream: str | None) -> None:
+        """standby.signal, following ``upstream``; with none, its own WAL only (no primary_conninfo, no
+        archive: it cannot wander onto another member's timeline)."""
+        pgdata = self.paths.member_data(name)
+        if upstream is not None:
+            write_standby_config(
+                pgdata, self.replica_conninfo(name, upstream), restore_command=self.restore_command()
+            )
+            return
+        write_standby_config(pgdata, "")
+        update_pgherd_conf(pgdata, {"restore_command": None, "primary_conninfo": None})
 
     def _reachable(self, name: str) -> bool:
         return name in self.members and observe(self.superuser_dsn(name)).reachable
 
-    def _start(self, name: str) -> None:
+    def _start(self, name: str, *, fenced_epoch: int | None = None) -> None:
+        """Start PostgreSQL as its data directory says. Refused for a fenced member unless the order
+        came after its last Fence (``fenced_epoch``); a Fence that lands during the start stops it."""
         member = self.members[name]
         pgdata = self.paths.member_data(name)
+        self._refuse_if_fenced(name, fenced_epoch)
         postmaster.start(
             pgdata, bins=self.bins, log_file=self.paths.member_log(name), env=self.pg_env(), timeout=120
         )
+        try:
+            self._refuse_if_fenced(name, fenced_epoch)
+        except FencedError:
+            self._stop(name, fast_timeout=5)
+            raise
         member.restart_at = None
         member.restarts += 1
         member.save(self.paths)
@@ -302,7 +381,11 @@ class LocalPlatform:
             restore_command=self.restore_command(),
         )
 
-    def _rejoin(self, name: str, upstream: str, *, reclone: bool, spec: PostgresClusterSpec) -> None:
+    def _rejoin(
+        self, name: str, upstream: str, *, reclone: bool, spec: PostgresClusterSpec, epoch: int
+    ) -> None:
+        """Make the member a standby of ``upstream`` (rewind, or re-clone) and start it; its fence is
+        lifted only if no Fence came after the order (``epoch``)."""
         member = self.members[name]
         pgdata = self.paths.member_data(name)
         self._stop(name)
@@ -319,30 +402,39 @@ class LocalPlatform:
                 bins=self.bins,
                 primary_conninfo=self.replica_conninfo(name, upstream),
                 restore_command=self.restore_command(),
+                keep_aside=lambda _pgdata: self._keep_aside(name),
             )
-            log.info(
-                "%s rejoined %s by %s", name, upstream, result.method if hasattr(result, "method") else result
-            )
+            log.info("%s rejoined %s by %s", name, upstream, result.method)
         update_pgherd_conf(pgdata, dict(self.settings(name, spec)))
         write_standby_config(
             pgdata, self.replica_conninfo(name, upstream), restore_command=self.restore_command()
         )
-        member.fenced = False
-        member.wanted = True
+        with self._lock:
+            if self._fence_epoch(name) != epoch:
+                raise FencedError(f"fenced while it rejoined {upstream}")
+            member.fenced = member.demoted = False
+            member.wanted = True
         member.save(self.paths)
         self._start(name)
 
     def _keep_aside(self, name: str) -> Path:
-        """Move a member's data directory aside (never delete it) and record where it went."""
+        """Move a member's data directory aside (never delete it) and record where it went: under the
+        sandbox's kept/ folder, which deleting the member does not touch."""
         pgdata = self.paths.member_data(name)
+        folder = self.paths.kept_dir(name)
+        folder.mkdir(parents=True, exist_ok=True)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
-        kept = pgdata.with_name(f"data.aside-{stamp}")
+        kept = folder / f"data.aside-{stamp}"
         os.rename(pgdata, kept)
         with self._lock:
             record = read_json(self.paths.root / "kept-aside.json", []) or []
             record.append({"member": name, "path": str(kept), "at": time.time()})
             write_json(self.paths.root / "kept-aside.json", record)
         return kept
+
+    def kept_aside_count(self, name: str) -> int:
+        folder = self.paths.kept_dir(name)
+        return sum(1 for _ in folder.iterdir()) if folder.is_dir() else 0
 
     def kept_aside_since(self, since: float) -> list[str]:
         record = read_json(self.paths.root / "kept-aside.json", []) or []
@@ -351,12 +443,15 @@ class LocalPlatform:
     # --- observation --------------------------------------------------------------------------------
     def observe_members(self) -> tuple[list[MemberView], dict[str, Observation]]:
         by_port = {m.port: m.name for m in self.members.values()}
+        restoring = self._restoring()
         views: list[MemberView] = []
         seen: dict[str, Observation] = {}
         for name, member in sorted(self.members.items(), key=lambda item: item[1].ordinal):
             pgdata = self.paths.member_data(name)
             busy = self.busy(name)
             running = self.running(name)
+            # Stopped: no postmaster on its data directory, and nothing about to start one.
+            stopped = not running and not self.may_start(name) and name not in restoring
             obs = observe(self.superuser_dsn(name)) if running and not busy else Observation(False)
             seen[name] = obs
             if obs.receiver_streaming:
@@ -365,10 +460,10 @@ class LocalPlatform:
             role = Role.UNKNOWN
             if obs.reachable:
                 role = Role.REPLICA if obs.in_recovery else Role.PRIMARY
+            wal = self._wal_held(name, obs, stopped)
             received = obs.received_lsn
-            if member.fenced and not running and (pgdata / "global" / "pg_control").exists():
-                with contextlib.suppress(Exception):
-                    received = parse_lsn(read_controldata(pgdata, self.bins).checkpoint_lsn)
+            if member.fenced and stopped:
+                received = wal.held_lsn  # its final WAL end (never pg_control's checkpoint location)
             views.append(
                 MemberView(
                     name=name,
@@ -376,20 +471,56 @@ class LocalPlatform:
                     exists=True,
                     reachable=obs.reachable,
                     role=role,
-                    timeline=obs.timeline,
+                    timeline=wal.timeline,
                     received_lsn=received,
                     replayed_lsn=obs.replayed_lsn,
                     wal_receiver_streaming=obs.receiver_streaming,
                     upstream=by_port.get(obs.sender_port) if obs.sender_port else None,
                     ready=obs.reachable,
                     revision=member.revision,
-                    data_present=(pgdata / "PG_VERSION").exists(),
+                    data_present=(pgdata / "PG_VERSION").exists() or busy or name in restoring,
                     fenced=member.fenced,
                     sync=obs.sync,
+                    stopped=stopped,
+                    shutdown_clean=wal.shutdown_clean,
+                    held_lsn=wal.held_lsn,
+                    kept_aside=self.kept_aside_count(name),
                 )
             )
         self._observed = seen
         return views, seen
+
+    def _restoring(self) -> set[str]:
+        """Members a restore job is filling, or whose restored data waits to be started."""
+        members: set[str] = set()
+        for job in self.jobs.all():
+            if job.kind is not JobKind.RESTORE:
+                continue
+            meta = job.meta
+            filling = job.rc == 0 or (job.rc is None and job.running)
+            if meta.get("member") and not meta.get("started") and filling:
+                members.add(str(meta["member"]))
+        return members
+
+    def _wal_held(self, name: str, obs: Observation, stopped: bool) -> _WalHeld:
+        """The WAL the member provably holds, on which timeline, and how a stopped member shut down."""
+        pgdata = self.paths.member_data(name)
+        if obs.reachable:
+            known = [lsn for lsn in (obs.received_lsn, obs.replayed_lsn) if lsn is not None]
+            held = max(known) if known else None
+            if obs.in_recovery and not obs.receiver_streaming and obs.timeline is not None:
+                # Not streaming (restarted, or its upstream is gone): its received position says little;
+                # the valid WAL in its pg_wal says what it has.
+                end = self.wal.end(pgdata, obs.timeline)
+                if end is not None:
+                    held = max(held or 0, end.lsn)
+            return _WalHeld(obs.timeline, held, None)
+        if stopped and (pgdata / "global" / "pg_control").exists():
+            end = self.wal.end(pgdata)
+            return _WalHeld(
+                end.timeline if end else None, end.lsn if end else None, self.wal.shutdown_clean(pgdata)
+            )
+        return _WalHeld(None, None, None)
 
     def view(
         self, spec: PostgresClusterSpec, switchover_to: str | None
@@ -484,7 +615,7 @@ class LocalPlatform:
         member = self.members.get(name) or MemberState(
             name, action.ordinal, self.state.port_of(action.ordinal)
         )
-        member.wanted, member.fenced, member.revision = True, False, action.revision
+        member.wanted, member.fenced, member.demoted, member.revision = True, False, False, action.revision
         self.members[name] = member
         self.paths.member_dir(name).mkdir(parents=True, exist_ok=True)
         member.save(self.paths)
@@ -601,30 +732,44 @@ class LocalPlatform:
             shutil.rmtree(self.paths.member_dir(action.member), ignore_errors=True)
 
     def _do_RestartMember(self, action: act.RestartMember, spec: PostgresClusterSpec) -> None:
+        """Restart with the new revision's settings: read-only (a standby of the engine's primary, or
+        with no upstream when it is that primary), read-write only when the engine says ``primary``."""
         name = action.member
-        if name not in self.members:
+        member = self.members.get(name)
+        if member is None or member.fenced:
             return
 
         def restart() -> None:
+            pgdata = self.paths.member_data(name)
             self._stop(name)
-            update_pgherd_conf(self.paths.member_data(name), dict(self.settings(name, spec)))
-            self.members[name].revision = action.revision
-            self.members[name].save(self.paths)
+            update_pgherd_conf(pgdata, dict(self.settings(name, spec)))
+            if action.primary:
+                clear_standby_config(pgdata)
+            else:
+                primary = self.current_primary
+                self._configure_standby(name, primary if primary != name else None)
+            member.revision = action.revision
+            member.save(self.paths)
             self._start(name)
 
         self._spawn(name, "rolling restart of", restart)
 
     def _do_Fence(self, action: act.Fence, spec: PostgresClusterSpec) -> None:
-        member = self.members.get(action.member)
+        """Stop it now, whatever its worker does: the worker may no longer start it (see _start)."""
+        name = action.member
+        member = self.members.get(name)
         if member is None:
             return
-        if not member.fenced:
-            member.fenced = True
-            member.save(self.paths)
-            log.info("fencing %s (%s)", action.member, action.reason)
-        if self.running(action.member) and not self.busy(action.member):
-            self._checkpoint_before_stop(action.member)
-            self._stop(action.member, fast_timeout=5)
+        with self._lock:
+            self._fence_epochs[name] = self._fence_epoch(name) + 1
+            newly = not member.fenced
+            member.fenced, member.demoted = True, False
+        member.save(self.paths)
+        if newly:
+            log.info("fencing %s (%s)", name, action.reason)
+        if self.running(name):
+            self._checkpoint_before_stop(name)
+            self._stop(name, fast_timeout=5)
 
     def _checkpoint_before_stop(self, name: str) -> None:
         """A CHECKPOINT while the primary still takes writes, so that the shutdown checkpoint inside the
@@ -647,14 +792,18 @@ class LocalPlatform:
         pgdata = self.paths.member_data(name)
         if member is None or self.busy(name) or self.running(name) or not (pgdata / "PG_VERSION").exists():
             return
+        epoch = self._fence_epoch(name)
 
         def demote() -> None:
-            write_standby_config(pgdata, "")
-            # Its own WAL only: no archive, so that it cannot wander onto another member's timeline.
-            update_pgherd_conf(pgdata, {"restore_command": None, "primary_conninfo": None})
-            self._start(name)
+            self._configure_standby(name, None)
+            with self._lock:
+                if self._fence_epoch(name) != epoch:
+                    raise FencedError("fenced again before its read-only start")
+                member.demoted = True  # a fenced member that may run (read-only)
+            member.save(self.paths)
+            self._start(name, fenced_epoch=epoch)
 
-        self._spawn(name, "read-only start of", demote)
+        self._spawn(name, "read-only start of", demote, fenced_epoch=epoch)
 
     def _do_Unfence(self, action: act.Unfence, spec: PostgresClusterSpec) -> None:
         """Start a fenced member again as it was (a switchover abandoned before any promotion)."""
@@ -662,7 +811,8 @@ class LocalPlatform:
         member = self.members.get(name)
         if member is None or self.busy(name):
             return
-        member.fenced = False
+        with self._lock:
+            member.fenced = member.demoted = False
         member.save(self.paths)
         if not self.running(name):
             self._spawn(name, "unfence", lambda: self._start(name))
@@ -672,7 +822,8 @@ class LocalPlatform:
             return
         member = self.members[action.member]
         if member.fenced:
-            member.fenced = False  # a promoted member is the primary: never fenced
+            with self._lock:
+                member.fenced = member.demoted = False  # a promoted member is the primary: never fenced
             member.save(self.paths)
         with psycopg.connect(self.superuser_dsn(action.member), autocommit=True, connect_timeout=2) as conn:
             row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
@@ -756,20 +907,28 @@ class LocalPlatform:
                 return
         self._rejoin_asked.pop(action.member, None)
         self._repointed.pop(action.member, None)
+        epoch = self._fence_epoch(action.member)
 
         def rejoin() -> None:
-            self._rejoin(action.member, action.upstream, reclone=reclone, spec=spec)
+            self._rejoin(action.member, action.upstream, reclone=reclone, spec=spec, epoch=epoch)
             if reclone:
                 member.cloned_from = clone_key
                 member.save(self.paths)
 
-        self._spawn(action.member, "rejoin", rejoin)
+        self._spawn(action.member, "rejoin", rejoin, fenced_epoch=epoch)
 
     def _repoint(self, name: str, upstream: str) -> None:
         """Point a running replica at its new upstream: rewrite primary_conninfo and reload (the
         walreceiver restarts on the new value; a timeline switch follows recovery_target_timeline)."""
         pgdata = self.paths.member_data(name)
-        update_pgherd_conf(pgdata, {"primary_conninfo": self.replica_conninfo(name, upstream)})
+        # restore_command too: a member restarted with no upstream runs without the archive.
+        update_pgherd_conf(
+            pgdata,
+            {
+                "primary_conninfo": self.replica_conninfo(name, upstream),
+                "restore_command": self.restore_command(),
+            },
+        )
         postmaster.reload(pgdata, bins=self.bins)
         self._repointed[name] = upstream
         log.info("re-pointed %s at %s", name, upstream)
@@ -915,8 +1074,9 @@ class LocalPlatform:
             pgdata = self.paths.member_data(name)
             update_pgherd_conf(pgdata, dict(self.settings(name, spec)))
             member = self.members[name]
-            member.fenced = False
-            member.wanted = True
+            with self._lock:
+                member.fenced = member.demoted = False
+                member.wanted = True
             member.save(self.paths)
             job.set_meta(started=True)
             self._spawn(name, "start restored", lambda n=name: self._start(n))  # type: ignore[misc]

@@ -69,6 +69,7 @@ class MemberState:
     port: int
     revision: str | None = None
     fenced: bool = False
+    demoted: bool = False  # fenced, and started read-only on the engine's Demote: it may run
     wanted: bool = True  # the platform keeps it running (False: deleted or stopped on purpose)
     restart_at: float | None = None  # monotonic-free wall time of the next restart attempt
     restarts: int = 0

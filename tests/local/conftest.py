@@ -1,0 +1,60 @@
+"""`local_cluster(instances)`: the sandbox's platform in a scratch directory, its members created
+through its own CreateMember actions (initdb for the first, pg_basebackup for the others)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from local_helpers import RESTART_DELAY, LocalCluster, free_port_range
+
+from pgherd.api.cluster import PostgresClusterSpec
+from pgherd.local.layout import SandboxPaths
+from pgherd.local.objects import ObjectStore
+from pgherd.local.platform import LocalPlatform
+from pgherd.local.state import S3Endpoint, SandboxState
+
+
+@pytest.fixture
+def local_cluster(
+    work_root: Path, s3_store: Any, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., LocalCluster]]:
+    """make(instances, parameters=None) -> a LocalCluster whose members run and stream."""
+    made: list[LocalCluster] = []
+
+    def make(instances: int, parameters: dict[str, str] | None = None) -> LocalCluster:
+        root = work_root / f"sandbox-{request.node.name[:30]}-{uuid.uuid4().hex[:6]}"
+        root.mkdir(mode=0o755)
+        endpoint = s3_store.endpoint
+        state = SandboxState(
+            cluster=s3_store.cluster,
+            base_port=free_port_range(16),
+            store_url=s3_store.url,
+            s3=S3Endpoint(
+                endpoint=endpoint.endpoint_url,
+                access_key=endpoint.access_key,
+                secret_key=endpoint.secret_key,
+                embedded=False,
+            ),
+            superuser_password="pw-" + uuid.uuid4().hex[:12],
+            app_user="app",
+            app_database="app",
+            app_password="app-" + uuid.uuid4().hex[:12],
+            restart_delay=RESTART_DELAY,
+        )
+        paths = SandboxPaths(root)
+        state.save(paths)
+        spec = PostgresClusterSpec.model_validate(
+            {"instances": instances, "postgresVersion": 15, "parameters": parameters}
+        )
+        cluster = LocalCluster(LocalPlatform(paths, state, ObjectStore(paths)), spec)
+        made.append(cluster)
+        cluster.create(instances)
+        return cluster
+
+    yield make
+    for cluster in made:
+        cluster.shut_down()

@@ -1,0 +1,142 @@
+"""A LocalPlatform over real PostgreSQL, driven action by action (no supervisor, no engine): the
+`LocalCluster` the `local_cluster` fixture (conftest.py) hands to the tests."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from pgherd.api.cluster import PostgresClusterSpec
+from pgherd.engine import actions as act
+from pgherd.engine.lsn import parse_lsn
+from pgherd.engine.view import MemberView, member_name
+from pgherd.local.layout import SandboxPaths
+from pgherd.local.platform import LocalPlatform
+from pgherd_backup.postgres import postmaster
+
+RESTART_DELAY = 0.5
+
+
+def free_port_range(count: int) -> int:
+    """A base port such that base..base+count-1 are free now (the platform gives member i base+i)."""
+    for _ in range(200):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + count > 65000:
+            continue
+        sockets: list[socket.socket] = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket()
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+        return base
+    raise RuntimeError("no free port range")
+
+
+class LocalCluster:
+    """The platform under test, with the few verbs the tests need."""
+
+    def __init__(self, platform: LocalPlatform, spec: PostgresClusterSpec) -> None:
+        self.platform = platform
+        self.spec = spec
+
+    @property
+    def paths(self) -> SandboxPaths:
+        return self.platform.paths
+
+    def name(self, ordinal: int) -> str:
+        return member_name(self.platform.state.cluster, ordinal)
+
+    def apply(self, action: act.Action) -> None:
+        self.platform.apply(action, self.spec)
+
+    def wait_idle(self, name: str, timeout: float = 120) -> None:
+        """Wait for the member's worker (create, restart, rejoin...) to finish."""
+        deadline = time.monotonic() + timeout
+        while self.platform.busy(name):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{name} still busy after {timeout:.0f}s")
+            time.sleep(0.05)
+
+    def tick(self) -> None:
+        """One round of the supervisor's platform duties: keep members running, then observe."""
+        self.platform.keep_running(self.spec)
+        self.platform.observe_members()
+
+    def member(self, name: str) -> MemberView:
+        views, _ = self.platform.observe_members()
+        return next(view for view in views if view.name == name)
+
+    def running(self, name: str) -> bool:
+        return self.platform.running(name)
+
+    def sql(self, name: str, query: str, params: tuple[Any, ...] | None = None) -> list[tuple[Any, ...]]:
+        with (
+            psycopg.connect(self.platform.superuser_dsn(name), autocommit=True, connect_timeout=5) as conn,
+            conn.cursor() as cur,
+        ):
+            cur.execute(query, params)
+            return list(cur.fetchall()) if cur.description else []
+
+    def value(self, name: str, query: str) -> Any:
+        return self.sql(name, query)[0][0]
+
+    def lsn(self, name: str, query: str) -> int | None:
+        text = self.value(name, query)
+        return None if text is None else parse_lsn(str(text))
+
+    def in_recovery(self, name: str) -> bool:
+        return bool(self.value(name, "SELECT pg_is_in_recovery()"))
+
+    def wait_until(self, predicate: Callable[[], bool], what: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            try:
+                if predicate():
+                    return
+            except Exception as exc:  # not up yet
+                last = exc
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what} ({last})")
+
+    def wait_streaming(self, name: str) -> None:
+        self.wait_until(
+            lambda: self.value(name, "SELECT status FROM pg_stat_wal_receiver") == "streaming",
+            f"{name} streaming",
+        )
+
+    def create(self, instances: int) -> None:
+        primary = self.name(0)
+        self.apply(act.CreateMember(primary, 0, act.Seed.INITDB, "r1"))
+        self.wait_idle(primary)
+        self.platform.current_primary = primary
+        for ordinal in range(1, instances):
+            name = self.name(ordinal)
+            self.apply(act.CreateMember(name, ordinal, act.Seed.BASEBACKUP, "r1", primary, primary))
+        for ordinal in range(1, instances):
+            self.wait_idle(self.name(ordinal))
+            self.wait_streaming(self.name(ordinal))
+
+    def shut_down(self) -> None:
+        for name in list(self.platform.members):
+            with contextlib.suppress(AssertionError):
+                self.wait_idle(name, timeout=60)
+        for name in list(self.platform.members):
+            pgdata = self.paths.member_data(name)
+            with contextlib.suppress(Exception):
+                postmaster.stop(pgdata, bins=self.platform.bins, mode="immediate", timeout=10)
+            with contextlib.suppress(Exception):
+                postmaster.kill(pgdata)

@@ -1,0 +1,105 @@
+"""Issue #10 items 6 and 7: the WAL a member provably holds, as the sandbox reports it.
+
+6: a stopped member's final WAL end is the end of valid WAL in its pg_wal (an unclean stop) or of
+   its shutdown checkpoint record (a clean one), never pg_control's checkpoint location.
+7: a restarted replica that cannot stream reports the WAL it holds, not pg_last_wal_receive_lsn().
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from local_helpers import LocalCluster
+
+from pgherd.engine import actions as act
+from pgherd_backup.postgres import postmaster
+
+WRITE = "CREATE TABLE IF NOT EXISTS t (x int); INSERT INTO t SELECT generate_series(1, 20000)"
+
+
+def test_a_killed_primary_reports_its_true_wal_end(local_cluster: Callable[..., LocalCluster]) -> None:
+    cluster = local_cluster(1)
+    primary = cluster.name(0)
+    cluster.sql(primary, "CHECKPOINT")
+    cluster.sql(primary, WRITE)
+    last_commit = cluster.lsn(primary, "SELECT pg_current_wal_lsn()")
+    checkpoint = cluster.lsn(primary, "SELECT checkpoint_lsn FROM pg_control_checkpoint()")
+    assert last_commit is not None and checkpoint is not None and checkpoint < last_commit
+
+    postmaster.kill(cluster.paths.member_data(primary))
+    cluster.apply(act.Fence(primary, reason="test"))
+    view = cluster.member(primary)
+
+    # Not pg_control's checkpoint location: the WAL written after it is there too.
+    assert view.received_lsn is not None and view.received_lsn >= last_commit
+    assert view.held_lsn is not None and last_commit <= view.held_lsn < last_commit + 1024 * 1024
+    assert view.received_lsn == view.held_lsn
+    assert view.fenced and view.stopped and view.shutdown_clean is False
+    assert view.timeline == 1
+
+
+def test_a_cleanly_fenced_primary_reports_what_its_standby_received(
+    local_cluster: Callable[..., LocalCluster],
+) -> None:
+    cluster = local_cluster(2)
+    primary, replica = cluster.name(0), cluster.name(1)
+    cluster.sql(primary, WRITE)
+    cluster.member(primary)  # observed reachable: Fence checkpoints, then shuts down cleanly
+
+    cluster.apply(act.Fence(primary, reason="switchover"))
+    assert not cluster.running(primary)
+    # The standby received everything up to the end of the shutdown checkpoint record.
+    cluster.wait_until(
+        lambda: (
+            cluster.value(replica, "SELECT count(*) FROM pg_stat_wal_receiver WHERE status = 'streaming'")
+            == 0
+        ),
+        "the standby to notice the primary's shutdown",
+    )
+    received = cluster.lsn(replica, "SELECT pg_last_wal_receive_lsn()")
+
+    view = cluster.member(primary)
+    assert view.received_lsn == view.held_lsn == received
+    assert view.stopped and view.shutdown_clean is True
+
+
+def test_a_restarted_replica_reports_the_wal_it_holds(local_cluster: Callable[..., LocalCluster]) -> None:
+    cluster = local_cluster(2)
+    primary, replica = cluster.name(0), cluster.name(1)
+    # A restartpoint on the replica, then a one-hour apply delay: what it receives from here on stays
+    # unreplayed, also after a restart (its replay position then says nothing of what it holds).
+    cluster.sql(primary, "CHECKPOINT")
+    flushed = cluster.lsn(primary, "SELECT pg_current_wal_flush_lsn()")
+    cluster.wait_until(
+        lambda: (cluster.lsn(replica, "SELECT pg_last_wal_replay_lsn()") or 0) >= (flushed or 0),
+        "the replica to replay the checkpoint",
+    )
+    cluster.sql(replica, "CHECKPOINT")
+    cluster.sql(replica, "ALTER SYSTEM SET recovery_min_apply_delay = '1h'")
+    cluster.sql(replica, "SELECT pg_reload_conf()")
+    cluster.wait_until(
+        lambda: cluster.value(replica, "SHOW recovery_min_apply_delay") == "1h", "the apply delay"
+    )
+
+    cluster.sql(primary, WRITE)
+    flushed = cluster.lsn(primary, "SELECT pg_current_wal_flush_lsn()")
+    cluster.wait_until(
+        lambda: cluster.lsn(replica, "SELECT pg_last_wal_receive_lsn()") == flushed,
+        "the replica to receive the writes",
+    )
+    held_before = cluster.lsn(replica, "SELECT pg_last_wal_receive_lsn()")
+    replayed = cluster.lsn(replica, "SELECT pg_last_wal_replay_lsn()")
+    assert held_before is not None and replayed is not None and replayed < held_before
+
+    # Its primary dies; the replica restarts and has nothing to stream from.
+    postmaster.kill(cluster.paths.member_data(primary))
+    cluster.apply(act.RestartMember(replica, "r2"))
+    cluster.wait_idle(replica)
+    assert cluster.running(replica)
+    received_now = cluster.lsn(replica, "SELECT pg_last_wal_receive_lsn()")
+    assert received_now is None or received_now < held_before
+
+    view = cluster.member(replica)
+    assert view.reachable and not view.wal_receiver_streaming
+    assert view.held_lsn is not None and view.held_lsn >= held_before
+    assert view.most_wal is not None and view.most_wal >= held_before
