@@ -9,6 +9,7 @@ from collections.abc import Callable
 from local_helpers import RESTART_DELAY, LocalCluster
 
 from pgherd.engine import actions as act
+from pgherd.engine.view import Role
 from pgherd_backup.postgres import postmaster
 
 
@@ -73,7 +74,10 @@ def test_a_crashed_primary_is_restarted_read_only(local_cluster: Callable[..., L
     )
     assert cluster.in_recovery(primary), "a crashed primary came back read-write on its own"
     assert view_after_crash.stopped and view_after_crash.shutdown_clean is False
-    assert not cluster.member(primary).stopped
+    # What the engine needs to promote it in place: a standby with no upstream, on its timeline.
+    view = cluster.member(primary)
+    assert view.role is Role.REPLICA and view.upstream is None and not view.wal_receiver_streaming
+    assert view.timeline == 1 and not view.stopped
 
 
 def test_restart_member_is_read_write_only_on_the_engines_order(
