@@ -94,7 +94,7 @@ def settled(
             members.append(replace(primary(i, spec, lsns.get(i, 1000)), sync=config))
         else:
             members.append(replica(i, spec, lsns.get(i, 1000), upstream=primary_name))
-    view = ClusterView(CLUSTER, NOW, tuple(members))
+    view = ClusterView(CLUSTER, NOW, tuple(members), rw_member=primary_name)
     status = EngineStatus(
         initialized=True,
         complete=True,

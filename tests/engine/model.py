@@ -2,9 +2,21 @@
 
 Each node's WAL is a list of commit ids (its LSN is the list's length), so "has this commit" is exact.
 Commits are acknowledged as PostgreSQL would with the synchronous_standby_names in force on the
-primary: by the primary plus any k of the listed standbys that received them. Faults: crashes,
-restarts, operator<->member partitions (replication still flows), isolation (nothing flows), lag.
-The model applies the engine's actions as an adapter would and records what the invariants need.
+primary at commit time: by the primary plus any k of the listed standbys that received them. Clients
+write to every running primary they reach, fenced or not: "writable" is what PostgreSQL does, not what
+the engine believes.
+
+The model is no kinder than a real platform:
+- a Fence is a request: with ``fence_lags`` the old primary keeps running (and taking writes) until the
+  platform really stops it (``land_fences``), and an isolated node cannot be stopped at all;
+- a crashed member is restarted by the platform read-only (a standby with no upstream), never as a
+  primary; only Promote or RestartMember(primary=True) make a primary;
+- after a restart a replica under-reports its received LSN and its provable WAL end is unknown until it
+  has replayed its own WAL (``settle``);
+- a replica's "streaming" sample can be wrong for one observation (``flap``);
+- the operator can be cut off from any or all members while they still see each other (``partitioned``);
+- a volume can be lost (``wipe``): the only evidence that allows an automatic restore;
+- decisions can be taken on a stale view and their actions applied late (see the state machine).
 """
 
 from __future__ import annotations
@@ -42,16 +54,22 @@ class Node:
     upstream: str | None = None
     running: bool = True
     partitioned: bool = False  # operator cannot reach it; replication unaffected
-    isolated: bool = False  # nothing reaches it
-    fenced: bool = False
-    final_known: bool = False
+    isolated: bool = False  # nothing reaches it, not even the platform
+    fenced: bool = False  # the platform's flag: a Fence was asked and not undone
+    fence_pending: bool = False  # asked, not yet carried out: still running
+    shutdown_clean: bool | None = None  # how it last stopped
     restarting_to: str | None = None  # down for a RestartMember until complete_restarts()
+    restart_as_primary: bool = False
+    unsettled: bool = False  # restarted: received LSN under-reported, WAL end unknown
+    flapped: bool = False  # the next observation reports its streaming state wrongly
+    data_lost: bool = False
     sync: SyncConfig = field(default_factory=SyncConfig)
     kept_aside: int = 0
 
     @property
     def writable(self) -> bool:
-        return self.running and self.role is Role.PRIMARY and not self.fenced
+        """PostgreSQL accepts writes: a running primary, whatever the engine's flags say."""
+        return self.running and self.role is Role.PRIMARY
 
 
 class InvariantError(AssertionError):
@@ -59,8 +77,9 @@ class InvariantError(AssertionError):
 
 
 class ModelCluster:
-    def __init__(self, spec: PostgresClusterSpec) -> None:
+    def __init__(self, spec: PostgresClusterSpec, fence_lags: bool = False) -> None:
         self.spec = spec
+        self.fence_lags = fence_lags
         self.now = START
         self.nodes: dict[str, Node] = {}
         self.next_commit = 1
@@ -76,6 +95,7 @@ class ModelCluster:
         self.pruned = 0
         self.restored = False
         self.promotions: list[str] = []
+        self.deleted_kept_aside: list[str] = []
 
     # ---- observation -------------------------------------------------------------------------
     def reachable(self, node: Node) -> bool:
@@ -89,6 +109,7 @@ class ModelCluster:
             and node.role is Role.REPLICA
             and not node.fenced
             and up is not None
+            and up.name != node.name
             and up.writable
             and not up.isolated
             and node.timeline <= up.timeline
@@ -100,8 +121,25 @@ class ModelCluster:
         for node in sorted(self.nodes.values(), key=lambda n: n.ordinal):
             if self.streaming(node):  # a streaming standby follows its upstream's timeline switches
                 node.timeline = self.nodes[str(node.upstream)].timeline
+                node.unsettled = False
             seen = self.reachable(node)
-            final = len(node.wal) if node.fenced and node.final_known else None
+            stopped = not node.running and not node.isolated  # the platform sees the process gone
+            clean = node.shutdown_clean if stopped else None
+            if seen:
+                # After a restart the receiver starts again at a segment boundary: under-reported.
+                received: int | None = len(node.wal) // 2 if node.unsettled else len(node.wal)
+                held = None if node.unsettled else len(node.wal)
+            elif stopped and not node.data_lost:
+                # After a clean stop the final WAL end; after a crash what a platform may read there
+                # (pg_control's last checkpoint, behind the end of WAL): the engine must not trust it.
+                received = len(node.wal) if clean else len(node.wal) // 2
+                held = len(node.wal)  # the platform reads the WAL on the stopped member's volume
+            else:
+                received = held = None
+            streaming = seen and self.streaming(node)
+            if node.flapped:
+                streaming = seen and node.role is Role.REPLICA and not streaming
+                node.flapped = False
             members.append(
                 MemberView(
                     name=node.name,
@@ -110,14 +148,19 @@ class ModelCluster:
                     reachable=seen,
                     role=node.role if seen else Role.UNKNOWN,
                     timeline=node.timeline if seen else None,
-                    received_lsn=len(node.wal) if seen else final,
-                    replayed_lsn=len(node.wal) if seen else None,
-                    wal_receiver_streaming=seen and self.streaming(node),
+                    received_lsn=received,
+                    replayed_lsn=received if seen else None,
+                    held_lsn=held,
+                    wal_receiver_streaming=streaming,
                     upstream=node.upstream if seen and node.role is Role.REPLICA else None,
                     ready=seen and (node.role is Role.PRIMARY or self.streaming(node)),
                     revision=node.revision,
                     fenced=node.fenced,
                     sync=node.sync if seen else None,
+                    stopped=stopped,
+                    shutdown_clean=clean,
+                    data_present=not node.data_lost,
+                    kept_aside=node.kept_aside,
                 )
             )
         return ClusterView(
@@ -127,18 +170,20 @@ class ModelCluster:
             backups=tuple(self.backups[k] for k in sorted(self.backups)),
             restores=tuple(self.restores[k] for k in sorted(self.restores)),
             jobs=tuple(self.jobs[k] for k in sorted(self.jobs)),
+            rw_member=self.rw,
         )
 
     def writable_nodes(self) -> list[Node]:
         return [n for n in self.nodes.values() if n.writable]
 
     # ---- the workload and the faults ---------------------------------------------------------
-    def commit(self, receivers: set[str]) -> None:
-        """One commit on the writable primary; ``receivers`` (if streaming and caught up) get it at once."""
-        primaries = self.writable_nodes()
-        if len(primaries) != 1:
+    def commit(self, receivers: set[str], which: int = 0) -> None:
+        """One commit on a running primary (clients reach any, fenced or not); ``receivers`` (if
+        streaming and caught up) get it at once."""
+        primaries = sorted(self.writable_nodes(), key=lambda n: n.name)
+        if not primaries:
             return
-        primary = primaries[0]
+        primary = primaries[which % len(primaries)]
         commit = self.next_commit
         self.next_commit += 1
         before = len(primary.wal)
@@ -198,60 +243,122 @@ class ModelCluster:
             self.nodes[a.member] = Node(a.member, a.ordinal, a.revision, Role.PRIMARY)
 
     def _do_DeleteMember(self, a: A.DeleteMember) -> None:
-        if self.nodes.pop(a.member, None) is not None:
+        node = self.nodes.pop(a.member, None)
+        if node is not None:
             self.deleted.append(a.member)
+            if node.kept_aside and not a.keep_data:
+                self.deleted_kept_aside.append(a.member)
 
     def _do_RestartMember(self, a: A.RestartMember) -> None:
         node = self._node(a.member)
         if node is None or node.revision == a.revision or node.fenced:
             return
-        node.running = False
+        self._stop(node)
         node.restarting_to = a.revision
+        node.restart_as_primary = a.primary
 
     def complete_restarts(self) -> None:
         for node in self.nodes.values():
             if node.restarting_to is not None:
                 node.revision = node.restarting_to
                 node.restarting_to = None
-                node.running = True
+                self._boot(node, as_primary=node.restart_as_primary)
+
+    def _stop(self, node: Node) -> None:
+        """A clean shutdown where the platform reaches it: connected standbys receive all the WAL."""
+        if node.running and not node.isolated:
+            if node.role is Role.PRIMARY:
+                for other in self.nodes.values():
+                    if other.upstream == node.name and self.streaming_from(other, node, len(other.wal)):
+                        other.wal = list(node.wal)
+            node.running = False
+            node.shutdown_clean = True
+
+    def _boot(self, node: Node, as_primary: bool = False) -> None:
+        """The platform starts a member: read-only unless the engine said otherwise."""
+        if node.data_lost:
+            return
+        if node.role is Role.PRIMARY and not as_primary:
+            node.role = Role.REPLICA
+            node.upstream = None
+        node.running = True
+        node.unsettled = node.role is Role.REPLICA
+
+    def crash(self, node: Node) -> None:
+        if node.running:
+            node.running = False
+            node.shutdown_clean = False
+
+    def restart(self, node: Node) -> None:
+        """The platform's own restart of a dead member (a kubelet restarting a container): read-only;
+        an empty volume is seeded from a primary the platform can reach."""
+        if node.fenced or node.restarting_to is not None or node.running or node.isolated:
+            return
+        if node.data_lost:
+            primary = next((n for n in self.writable_nodes() if not n.isolated and n.name == self.rw), None)
+            if primary is None:
+                return
+            node.data_lost = False
+            node.wal = list(primary.wal)
+            node.role, node.upstream, node.timeline = Role.REPLICA, primary.name, primary.timeline
+        self._boot(node)
+
+    def wipe(self, node: Node) -> None:
+        """The member's volume is lost."""
+        self.crash(node)
+        node.running = False
+        node.data_lost = True
+        node.wal = []
+        node.role = Role.REPLICA
+
+    def land_fences(self) -> None:
+        """The platform carries out the fences asked (it cannot reach an isolated node)."""
+        for node in self.nodes.values():
+            if node.fence_pending and not node.isolated:
+                self._stop(node)
+                node.fence_pending = False
 
     def _do_Fence(self, a: A.Fence) -> None:
         node = self._node(a.member)
-        if node is None or node.fenced:
+        if node is None:
             return
-        if node.running and not node.isolated and node.role is Role.PRIMARY:
-            # A clean shutdown: connected standbys receive all the WAL first.
-            for other in self.nodes.values():
-                if other.upstream == node.name and self.streaming_from(other, node, len(other.wal)):
-                    other.wal = list(node.wal)
-        node.final_known = node.running and not node.partitioned and not node.isolated
         node.fenced = True
-        node.running = False
         node.restarting_to = None
         if self.rw == node.name:
             self.rw = None
+        if not node.running:
+            return
+        node.fence_pending = True
+        if not self.fence_lags:
+            self.land_fences()
 
     def _do_Unfence(self, a: A.Unfence) -> None:
         node = self._node(a.member)
         if node is None or not node.fenced:
             return
         node.fenced = False
-        node.final_known = False
-        node.running = node.restarting_to is None
+        node.fence_pending = False
+        if not node.running and node.restarting_to is None and not node.isolated:
+            self._boot(node, as_primary=True)  # the engine's explicit order: as it was
 
     def _do_Demote(self, a: A.Demote) -> None:
         node = self._node(a.member)
-        if node is None or not node.fenced or node.restarting_to is not None:
+        if node is None or not node.fenced or node.restarting_to is not None or node.running:
+            return
+        if node.isolated or node.data_lost:
             return
         node.role = Role.REPLICA
         node.upstream = None
         node.running = True
+        node.fence_pending = False
 
     def _do_Promote(self, a: A.Promote) -> None:
         node = self._node(a.member)
         if node is None or not node.running or node.role is Role.PRIMARY:
             return
         node.fenced = False
+        node.fence_pending = False
+        node.unsettled = False
         node.role = Role.PRIMARY
         node.timeline = self.next_timeline
         self.next_timeline += 1
@@ -273,10 +380,13 @@ class ModelCluster:
             return
         if node.role is Role.PRIMARY and node.writable and node.name == self.rw:
             return
-        if a.reclone:
+        if node.isolated or node.restarting_to is not None:
+            return  # the platform cannot reach it, or it is busy restarting
+        if node.data_lost or a.reclone:
             if not up.writable or up.isolated:
                 return
-            node.kept_aside += 1
+            node.kept_aside += 0 if node.data_lost else 1
+            node.data_lost = False
             node.wal = list(up.wal)
         else:
             common = 0
@@ -287,10 +397,10 @@ class ModelCluster:
         node.upstream = up.name
         node.timeline = up.timeline
         node.fenced = False
-        node.final_known = False
+        node.fence_pending = False
         node.sync = ASYNC
-        if node.restarting_to is None:
-            node.running = True
+        node.running = True
+        node.unsettled = False
 
     def _do_DropReplicationSlot(self, a: A.DropReplicationSlot) -> None:
         self.dropped_slots.append(a.slot)
@@ -307,6 +417,9 @@ class ModelCluster:
         key = (JobKind.RESTORE, a.restore)
         if key in self.jobs:
             return
+        node = self._node(a.member)
+        if node is not None:
+            node.running = False  # its data directory is moved aside while the snapshot is fetched
         self.jobs[key] = JobView(JobKind.RESTORE, a.restore, JobState.RUNNING, member=a.member)
         self._restore_source = a.backup
 
@@ -326,8 +439,10 @@ class ModelCluster:
         if node is None:
             node = Node(name, int(name.rsplit("-", 1)[1]), "restored")
             self.nodes[name] = node
-        else:
+        elif not node.data_lost:
             node.kept_aside += 1
+        node.data_lost = False
+        node.fence_pending = False
         node.wal = wal
         node.role = Role.PRIMARY
         node.timeline = self.next_timeline

@@ -1,8 +1,13 @@
 """Property-based tests: random failure sequences against a model cluster, invariants after each step.
 
 The state machine drives tests/engine/model.py with the engine as its operator. After every operator
-step it checks the HA guarantees of DESIGN §4; at the end it heals every fault and checks that the
+step it checks the HA guarantees of DESIGN §4, stated in terms of what the members really do (the
+model's truth), never what the engine believes; at the end it heals every fault and checks that the
 cluster settles (liveness). Run a longer search with HYPOTHESIS_PROFILE=long (see conftest.py).
+
+The operator may decide on a stale view (observed before the last faults) and its actions may be
+applied late (after more faults) or cut short by a crash; a new operator pass drops what a crashed one
+had not applied.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from pgherd.engine import EngineStatus, decide
 from pgherd.engine import actions as A
 from pgherd.engine.plan import Decision
 from pgherd.engine.quorum import majority
+from pgherd.engine.rollout import PRIMARY_RESTART_TIMEOUT
+from pgherd.engine.status import OperationKind
 from pgherd.engine.view import ClusterView, Role
 
 from .model import ModelCluster, expected_names
@@ -30,14 +37,24 @@ class ClusterMachine(RuleBasedStateMachine):
         quorum=st.booleans(),
         method=st.sampled_from(list(PrimaryUpdateMethod)),
         restore_on_loss=st.booleans(),
+        fence_lags=st.booleans(),
     )
-    def setup(self, instances: int, quorum: bool, method: PrimaryUpdateMethod, restore_on_loss: bool) -> None:
+    def setup(
+        self,
+        instances: int,
+        quorum: bool,
+        method: PrimaryUpdateMethod,
+        restore_on_loss: bool,
+        fence_lags: bool = False,
+    ) -> None:
         self.quorum = quorum
         self.images = 0
         self.spec = self._spec(instances, method, restore_on_loss)
-        self.model = ModelCluster(self.spec)
+        self.model = ModelCluster(self.spec, fence_lags=fence_lags)
         self.status = EngineStatus()
         self.last: Decision | None = None
+        self.last_view: ClusterView | None = None
+        self.pending: list[tuple[ClusterView, EngineStatus, Decision, A.Action]] = []
         for _ in range(40):  # bring the cluster up, faults come later
             self._operator_step(apply_all=True)
             self.model.catch_up_all()
@@ -70,8 +87,13 @@ class ClusterMachine(RuleBasedStateMachine):
         return names[index % len(names)] if names else None
 
     # ---- the operator ------------------------------------------------------------------------
-    def _operator_step(self, apply_all: bool = False, applied: int = 100) -> None:
-        view = self.model.observe()
+    def _operator_step(
+        self, apply_all: bool = False, applied: int = 100, stale: bool = False, late: bool = False
+    ) -> None:
+        self.pending = []  # a new pass: whatever a crashed pass had not applied is gone
+        fresh = self.model.observe()
+        view = self.last_view if stale and self.last_view is not None else fresh
+        self.last_view = fresh
         before = self.status
         decision = decide(self.spec, view, before)
         assert decide(self.spec, view, before) == decision, "decide() is not deterministic"
@@ -80,9 +102,19 @@ class ClusterMachine(RuleBasedStateMachine):
         self.status = decision.status  # written before any action is applied
         self.last = decision
         count = len(decision.actions) if apply_all else min(applied, len(decision.actions))
-        for action in decision.actions[:count]:
-            self._check_action(view, before, decision, action)
-            self.model.apply(action)
+        chosen = [(view, before, decision, action) for action in decision.actions[:count]]
+        if late and not apply_all:
+            self.pending = chosen
+            return
+        for item in chosen:
+            self._apply(*item)
+        if count == len(decision.actions):
+            self._check_after(before, decision)
+
+    def _apply(self, view: ClusterView, before: EngineStatus, decision: Decision, action: A.Action) -> None:
+        self._check_action(view, before, decision, action)
+        self.model.apply(action)
+        self.one_writable_primary()
 
     def _check_decision(self, view: ClusterView, before: EngineStatus, decision: Decision) -> None:
         if not decision.actions and decision.phase is not Phase.RUNNING:
@@ -96,17 +128,51 @@ class ClusterMachine(RuleBasedStateMachine):
         restarts = [a for a in decision.actions if isinstance(a, A.RestartMember)]
         assert len(restarts) <= 1, "a rollout restarts one member at a time"
 
+    def _planned_restart(self, before: EngineStatus, now: object) -> bool:
+        operation = before.operation
+        if operation is None or operation.kind is not OperationKind.ROLLOUT:
+            return False
+        if operation.step != "restart-primary" or operation.step_started_at is None:
+            return False
+        return bool(self.model.now - operation.step_started_at <= PRIMARY_RESTART_TIMEOUT)
+
+    def _check_after(self, before: EngineStatus, decision: Decision) -> None:
+        """After every action of a decision was applied."""
+        aborted = decision.status.aborted
+        if aborted is not None and aborted is not before.aborted and aborted.source is not None:
+            old = self.model.nodes.get(aborted.source)
+            if old is not None and not old.isolated and not old.data_lost and old.restarting_to is None:
+                assert self.model.writable_nodes(), (
+                    f"{aborted.kind} aborted ({aborted.failed}) and left no writable primary"
+                )
+
     def _check_action(
         self, view: ClusterView, before: EngineStatus, decision: Decision, action: A.Action
     ) -> None:
         model = self.model
+        if isinstance(action, A.Fence | A.StartRestore) or (
+            isinstance(action, A.Promote) and action.member != before.current_primary
+        ):
+            assert not self._planned_restart(before, view.now), (
+                f"{type(action).__name__} {action} during a planned restart of the primary"
+            )
+        if isinstance(action, A.DeleteMember):
+            node = model.nodes.get(action.member)
+            assert node is None or not node.kept_aside or action.keep_data, (
+                f"deleting {action.member}'s volume, which holds kept-aside data"
+            )
+        if isinstance(action, A.StartRestore) and decision.phase is Phase.RECOVERING:
+            lost = [n for n in before.voters if n not in model.nodes or model.nodes[n].data_lost]
+            assert len(lost) >= majority(len(before.voters)), (
+                f"automatic restore while a majority's data may exist (lost: {sorted(lost)})"
+            )
         if isinstance(action, A.Promote):
             recovering = decision.phase in (Phase.RESTORING, Phase.RECOVERING)
             node = model.nodes.get(action.member)
             if recovering or node is None or node.role is Role.PRIMARY or not node.running:
                 return
             assert not [n for n in model.writable_nodes() if n.name != action.member], (
-                "promote beside a primary"
+                "promote beside a running primary"
             )
             voters = before.voters
             reachable = [
@@ -121,14 +187,30 @@ class ClusterMachine(RuleBasedStateMachine):
                 and old.fenced
                 and old.received_lsn is not None
                 and me is not None
-                and (me.received_lsn or 0) >= old.received_lsn
+                and (me.most_wal or 0) >= old.received_lsn
             )
+            gone = old is None or not old.exists or old.stopped
+            two_async = len(voters) == 2 and not self.quorum and gone  # the operator breaks the tie
             count = len(reachable) + (1 if drained else 0)
-            assert count >= majority(len(voters)), "promotion without a reachable majority"
-            assert me is not None and me.received_lsn is not None
+            needed = 1 if two_async else majority(len(voters))
+            # The recorded primary promoted again in place (it came back read-only): nothing else
+            # can have been promoted, and it holds every commit it acknowledged (checked below).
+            in_place = action.member == before.current_primary and (
+                before.operation is None or before.operation.kind is OperationKind.ROLLOUT
+            )
+            assert in_place or count >= needed, "promotion without a reachable majority"
+            assert me is not None and me.most_wal is not None
+            # The target is chosen with the best knowledge when the promotion is decided; a Promote
+            # issued again later (the first may have been applied) never changes its target.
+            choosing = before.operation is None or before.operation.step not in (
+                "promote",
+                "switchover-promote",
+            )
             same = [m for m in reachable if m.role is Role.REPLICA and m.timeline == me.timeline]
-            best = max((m.received_lsn or 0) for m in same)
-            assert me.received_lsn >= best, "promoted member does not have the most WAL"
+            best = max((m.most_wal or 0) for m in same)
+            assert not choosing or in_place or me.most_wal >= best, (
+                "promoted member does not have the most WAL"
+            )
             if self.quorum:
                 missing = model.acked - set(node.wal)
                 assert not missing, (
@@ -165,7 +247,7 @@ class ClusterMachine(RuleBasedStateMachine):
         if not hasattr(self, "model"):
             return
         writable = self.model.writable_nodes()
-        assert len(writable) <= 1, f"two writable primaries: {[n.name for n in writable]}"
+        assert len(writable) <= 1, f"two members accept writes: {[n.name for n in writable]}"
 
     @invariant()
     def no_acknowledged_commit_lost(self) -> None:
@@ -177,11 +259,24 @@ class ClusterMachine(RuleBasedStateMachine):
                 assert not missing, f"primary {node.name} lacks acknowledged commits {sorted(missing)}"
 
     # ---- rules -------------------------------------------------------------------------------
-    @rule(applied=st.integers(min_value=0, max_value=6), seconds=st.sampled_from([0, 0.5, 1, 2, 4]))
-    def operator(self, applied: int, seconds: float) -> None:
-        """One operator pass; ``applied`` < all simulates an operator crash mid-way (status kept)."""
+    @rule(
+        applied=st.integers(min_value=0, max_value=6),
+        seconds=st.sampled_from([0, 0.5, 1, 2, 4]),
+        stale=st.booleans(),
+        late=st.booleans(),
+    )
+    def operator(self, applied: int, seconds: float, stale: bool = False, late: bool = False) -> None:
+        """One operator pass; ``applied`` < all simulates an operator crash mid-way (status kept);
+        ``stale``: decided on the previous pass's view; ``late``: its actions wait for apply_late."""
         self.model.tick(seconds)
-        self._operator_step(applied=applied)
+        self._operator_step(applied=applied, stale=stale, late=late)
+
+    @rule()
+    def apply_late(self) -> None:
+        """The actions of the last pass are applied now, after whatever happened since."""
+        pending, self.pending = self.pending, []
+        for item in pending:
+            self._apply(*item)
 
     @rule(seconds=st.sampled_from([10, 20, 45, 700]))
     def long_wait(self, seconds: float) -> None:
@@ -189,10 +284,10 @@ class ClusterMachine(RuleBasedStateMachine):
         self.model.tick(seconds)
         self._operator_step(apply_all=True)
 
-    @rule(receivers=st.sets(NODES, max_size=5))
-    def commit(self, receivers: set[int]) -> None:
+    @rule(receivers=st.sets(NODES, max_size=5), which=st.integers(min_value=0, max_value=1))
+    def commit(self, receivers: set[int], which: int = 0) -> None:
         names = self._names()
-        self.model.commit({names[i % len(names)] for i in receivers} if names else set())
+        self.model.commit({names[i % len(names)] for i in sorted(receivers)} if names else set(), which)
 
     @rule(node=NODES, amount=st.integers(min_value=1, max_value=5))
     def stream(self, node: int, amount: int) -> None:
@@ -204,14 +299,44 @@ class ClusterMachine(RuleBasedStateMachine):
     def crash(self, node: int) -> None:
         name = self._pick(node)
         if name is not None:
-            self.model.nodes[name].running = False
+            self.model.crash(self.model.nodes[name])
 
     @rule(node=NODES)
     def restart(self, node: int) -> None:
         name = self._pick(node)
         if name is not None:
-            target = self.model.nodes[name]
-            target.running = not target.fenced and target.restarting_to is None
+            self.model.restart(self.model.nodes[name])
+
+    @rule(node=NODES)
+    def wipe(self, node: int) -> None:
+        """A member loses its volume."""
+        name = self._pick(node)
+        if name is not None:
+            self.model.wipe(self.model.nodes[name])
+
+    @rule()
+    def land_fences(self) -> None:
+        self.model.land_fences()
+
+    @rule(node=NODES)
+    def settle(self, node: int) -> None:
+        """A restarted replica has replayed its own WAL: its position is known again."""
+        name = self._pick(node)
+        if name is not None:
+            self.model.nodes[name].unsettled = False
+
+    @rule(node=NODES)
+    def flap(self, node: int) -> None:
+        """The next observation of this member's WAL receiver is wrong."""
+        name = self._pick(node)
+        if name is not None:
+            self.model.nodes[name].flapped = True
+
+    @rule(cut=st.booleans())
+    def cut_all(self, cut: bool) -> None:
+        """The operator loses (or regains) every member; they still see each other."""
+        for node in self.model.nodes.values():
+            node.partitioned = cut
 
     @rule(node=NODES, cut=st.booleans())
     def partition(self, node: int, cut: bool) -> None:
@@ -253,15 +378,38 @@ class ClusterMachine(RuleBasedStateMachine):
     def request_restore(self) -> None:
         self.model.request_restore()
 
+    def _nothing_to_restore_from(self) -> bool:
+        """QuorumLost is where a cluster rightly stays when the members whose data survives cannot
+        form a majority, unless an automatic restore applies (policy RestoreFromBackup, a Completed
+        backup, and a majority's data gone): only a person can act."""
+        assert self.last is not None
+        voters = self.status.voters
+        lost = [n for n in voters if n not in self.model.nodes or self.model.nodes[n].data_lost]
+        completed = any(b.phase == "Completed" for b in self.model.backups.values())
+        restores = (
+            self.spec.recovery.on_quorum_loss.value == "RestoreFromBackup"
+            and completed
+            and len(lost) >= majority(len(voters))
+            and self.status.aborted is None
+        )
+        return (
+            self.last.phase is Phase.QUORUM_LOST
+            and len(voters) - len(lost) < majority(len(voters))
+            and not restores
+        )
+
     def teardown(self) -> None:
         """Liveness: with every fault healed, the cluster settles (Running, or Failed after an abort)."""
         if not hasattr(self, "model"):
             return
         model = self.model
+        self.pending = []
         for node in model.nodes.values():
             node.partitioned = node.isolated = False
-            if not node.fenced:
-                node.running = True
+            node.unsettled = node.flapped = False
+        model.land_fences()
+        for node in model.nodes.values():
+            model.restart(node)
         model.complete_restarts()
         model.finish_jobs(True)
         phases = []
@@ -270,6 +418,10 @@ class ClusterMachine(RuleBasedStateMachine):
             model.catch_up_all()
             model.complete_restarts()
             model.finish_jobs(True)
+            model.land_fences()
+            for node in model.nodes.values():
+                model.restart(node)
+                node.unsettled = False
             self._operator_step(apply_all=True)
             self.one_writable_primary()
             assert self.last is not None
@@ -277,7 +429,7 @@ class ClusterMachine(RuleBasedStateMachine):
             if self.last.phase is Phase.RUNNING and not self.last.actions:
                 break
         assert self.last is not None
-        settled = self.last.phase in (Phase.RUNNING, Phase.FAILED)
+        settled = self.last.phase in (Phase.RUNNING, Phase.FAILED) or self._nothing_to_restore_from()
         assert settled, f"did not settle: {phases[-5:]} {self.last.message} {self.status}"
         if self.last.phase is Phase.RUNNING:
             names = {n for n in model.nodes}

@@ -435,3 +435,31 @@ def test_scaling_below_three_says_commits_are_no_longer_quorum() -> None:
     assert quorum is not None and quorum.status is True
     below = decide(make_spec(instances=1), view, status).condition(ConditionType.QUORUM_COMMIT)
     assert below is not None and below.status is False and below.reason == "AsyncBelowThreeInstances"
+
+
+# ---- found by the stronger model: an operator crash between recording a primary and SetPrimary ----
+
+
+def test_the_rw_endpoint_is_repointed_when_it_does_not_select_the_primary() -> None:
+    spec, view, status = settled()
+    stale = replace(view, rw_member="pg-2")  # the label stayed where an earlier pass left it
+    decision = decide(spec, stale, status)
+    assert A.SetPrimary("pg-0", reason=decision.actions[0].reason) in decision.actions
+    nowhere = replace(view, rw_member=None)
+    assert any(isinstance(a, A.SetPrimary) for a in decide(spec, nowhere, status).actions)
+    assert decide(spec, view, status).actions == ()
+
+
+def test_a_promotion_never_observed_is_resumed_when_its_target_returns_read_only() -> None:
+    """Found by the model: Promote(pg-1) was applied, pg-1 crashed before anyone saw it primary, and
+    came back read-only on the timeline of its own promotion. It is the recorded primary now (the
+    vanished-target rule); nothing else was promoted: promote it again rather than wait forever."""
+    spec, view, status = _failover_at_fence()
+    fenced = with_members(view, replace(view.members[0], fenced=True, stopped=True))
+    promote = decide(spec, fenced, status)
+    vanished = with_members(fenced, down(fenced.members[2]))
+    recorded = decide(spec, later(vanished, 6), promote.status)
+    assert recorded.status.current_primary == "pg-2"
+    back = replace(fenced.members[2], timeline=2, upstream=None, wal_receiver_streaming=False)
+    decision = decide(spec, with_members(later(vanished, 7), back), recorded.status)
+    assert _promotions(decision) == ["pg-2"]

@@ -105,8 +105,8 @@ def resume_in_place(ctx: Context, phase: Phase = Phase.DEGRADED) -> Outcome | No
         return None
     if member.role is not Role.REPLICA or member.upstream is not None or member.wal_receiver_streaming:
         return None
-    if status.timeline is not None and member.timeline != status.timeline:
-        return None
+    if status.timeline is not None and (member.timeline is None or member.timeline < status.timeline):
+        return None  # an older history: never (a newer one is its own promotion, not yet observed)
     if any(m.reachable and m.role is Role.PRIMARY for m in ctx.view.existing() if m.name != member.name):
         return None
     config = status.sync_pending or status.sync or steady_config(status.voters, member.name, ctx.quorum_mode)
@@ -132,11 +132,12 @@ def assess(ctx: Context) -> Outcome:
 def _votes(ctx: Context, old: str | None) -> dict[str, datetime]:
     """Since when each reachable replica has reported, at every observation, that it lost its WAL
     stream from ``old``. A replica that streams again or cannot be reached loses its vote: one
-    instantaneous sample is not a vote."""
+    instantaneous sample is not a vote. The old primary answering read-only votes too: it is no
+    primary."""
     since = ctx.status.votes_since
     out: dict[str, datetime] = {}
     for member in reachable_replicas(ctx, old):
-        if member.name != old and (old is None or not member.streams_from(old)):
+        if old is None or not member.streams_from(old):
             out[member.name] = since.get(member.name, ctx.now)
     return out
 

@@ -22,6 +22,7 @@ from pgherd.engine.actions import (
     DropReplicationSlot,
     Rejoin,
     Seed,
+    SetPrimary,
     SetSynchronousStandbys,
 )
 from pgherd.engine.context import Context, Outcome
@@ -156,6 +157,9 @@ def upkeep(ctx: Context, reclone: frozenset[str] = frozenset()) -> Upkeep:
         ctx = replace(ctx, status=replace(ctx.status, timeline=primary.timeline))
     actions: list[Action] = []
     notes: list[str] = []
+    if ctx.view.rw_member != primary.name:
+        actions.append(SetPrimary(primary.name, reason=f"the rw endpoint selects {ctx.view.rw_member}"))
+        notes.append(f"pointing the rw endpoint at {primary.name}")
     for name in ctx.expected_names():
         member = ctx.view.member(name)
         if member is None or not member.exists:

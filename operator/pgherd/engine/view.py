@@ -162,6 +162,10 @@ class ClusterView:
     deleting: bool = False
     generation: int | None = None
     switchover_to: str | None = None  # a user's request (annotation pgherd.io/switchover-to)
+    # The member the rw endpoint selects now (the pod labelled pgherd.io/role=primary; the sandbox's
+    # last SetPrimary); None when it selects none. Upkeep re-points it whenever it is not the primary:
+    # an operator that crashed between recording a new primary and applying SetPrimary repairs it.
+    rw_member: str | None = None
     _by_name: dict[str, MemberView] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

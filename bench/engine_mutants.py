@@ -1,0 +1,204 @@
+"""Is the engine's property model strong enough? Revert each safety fix and let the search find it.
+
+For every mutant below (one fix of issue #10 taken back, as a textual change of the engine), this
+script copies the source tree to a scratch directory, applies the change, and runs the property search
+(tests/engine/test_properties.py, hypothesis profile ``ci`` by default) with the given seeds. A mutant
+is *found* when the search fails; the report gives, per mutant and seed, the verdict, the assertion
+that caught it and the time taken.
+
+    .venv/bin/python bench/engine_mutants.py                       # every mutant, seeds 1 and 2
+    .venv/bin/python bench/engine_mutants.py --only votes --seeds 1 2 3 --jobs 2
+
+Mutants that only a scripted scenario can reach (liveness of a two-member cluster, for example) are
+listed with ``scripted`` and their regression test in tests/engine/test_safety.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINE = "operator/pgherd/engine"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    item: str  # the finding of issue #10 it takes back
+    path: str
+    old: str
+    new: str
+    scripted: str = ""  # the scripted test that catches it, when the search cannot reach it
+
+
+MUTANTS = (
+    Mutant(
+        "scale-down-holders",
+        "1",
+        f"{ENGINE}/membership.py",
+        "    return holders >= len(replicas) - majority(len(remaining)) + 1\n",
+        "    return True\n",
+    ),
+    Mutant(
+        "restore-evidence",
+        "2",
+        f"{ENGINE}/recovery.py",
+        "    if len(lost) < ctx.needed():\n",
+        "    if False:\n",
+    ),
+    Mutant(
+        "fence-evidence",
+        "4",
+        f"{ENGINE}/failover.py",
+        "        if not cannot_write(member):\n",
+        "        if member is not None and member.exists and not member.fenced:\n",
+    ),
+    Mutant(
+        "planned-restart",
+        "5",
+        f"{ENGINE}/decide.py",
+        "        planned = rollout.restarting_primary(ctx)\n",
+        "        planned = False\n",
+    ),
+    Mutant(
+        "unclean-final-lsn",
+        "6",
+        f"{ENGINE}/switchover.py",
+        "        final = old.received_lsn if clean and old is not None else None\n",
+        "        final = old.received_lsn if old is not None else None\n",
+    ),
+    Mutant(
+        "rank-by-received",
+        "7",
+        f"{ENGINE}/context.py",
+        "    return (-(member.most_wal or 0), -(member.replayed_lsn or 0), member.name)\n",
+        "    return (-(member.received_lsn or 0), -(member.replayed_lsn or 0), member.name)\n",
+    ),
+    Mutant(
+        "vanished-target",
+        "8",
+        f"{ENGINE}/failover.py",
+        "        return assess(replace(ctx, status=status))\n",
+        "        again = Operation(OperationKind.FAILOVER, started_at=ctx.now, source=operation.target,"
+        ' reason="vanished").at("fence", ctx.now)\n'
+        "        return advance(replace(ctx, status=replace(status, operation=again)), again)\n",
+    ),
+    Mutant(
+        "abort-drops-actions",
+        "9",
+        f"{ENGINE}/rollout.py",
+        '    return Outcome(Phase.FAILED, status, actions, message=f"rolling update aborted: {why}")\n',
+        '    return Outcome(Phase.FAILED, status, (), message=f"rolling update aborted: {why}")\n',
+    ),
+    Mutant(
+        "kept-aside-deleted",
+        "10",
+        f"{ENGINE}/membership.py",
+        "keep_data=member.kept_aside > 0,",
+        "keep_data=False,",
+    ),
+    Mutant(
+        "instant-votes",
+        "12 (votes)",
+        f"{ENGINE}/failover.py",
+        "    votes = [name for name, when in votes_since.items() if ctx.now - when >= ctx.detection]\n",
+        "    votes = list(votes_since)\n",
+    ),
+    Mutant(
+        "no-config-keeps-commits",
+        "12 (failover_keeps_commits)",
+        f"{ENGINE}/quorum.py",
+        "    if not configs:\n        return False\n",
+        "    if not configs:\n        return True\n",
+        scripted="test_failover_keeps_commits_is_false_without_any_known_configuration",
+    ),
+    Mutant(
+        "stray-rewound",
+        "12 (stray primary)",
+        f"{ENGINE}/membership.py",
+        "reclone=reclone or stray,",
+        "reclone=reclone,",
+        scripted="test_a_stray_primary_on_a_newer_timeline_is_recloned_not_rewound",
+    ),
+    Mutant(
+        "two-members-never-fail-over",
+        "12 (two members)",
+        f"{ENGINE}/failover.py",
+        "            return 1\n    return majority(voters)\n",
+        "            return majority(voters)\n    return majority(voters)\n",
+        scripted="test_two_async_members_fail_over_once_the_old_primary_is_confirmed_gone",
+    ),
+    Mutant(
+        "rw-endpoint-not-repaired",
+        "found by the model",
+        f"{ENGINE}/membership.py",
+        "    if ctx.view.rw_member != primary.name:\n",
+        "    if False:\n",
+    ),
+)
+
+
+def _tree(mutant: Mutant) -> Path:
+    scratch = Path(tempfile.mkdtemp(prefix=f"pgherd-mutant-{mutant.name}-"))
+    for part in ("operator", "backup", "tests", "pyproject.toml"):
+        source = ROOT / part
+        if source.is_dir():
+            shutil.copytree(source, scratch / part, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, scratch / part)
+    target = scratch / mutant.path
+    text = target.read_text()
+    if text.count(mutant.old) != 1:
+        raise SystemExit(f"mutant {mutant.name}: the fix it reverts is not in {mutant.path} (update it)")
+    target.write_text(text.replace(mutant.old, mutant.new))
+    return scratch
+
+
+def run(mutant: Mutant, seed: int, profile: str) -> tuple[str, float, str]:
+    scratch = _tree(mutant)
+    env = {**os.environ, "HYPOTHESIS_PROFILE": profile, "PYTHONPATH": f"{scratch}/operator:{scratch}/backup"}
+    started = time.monotonic()
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "tests/engine/test_properties.py", "-x", "-q", "-p",
+             "no:cacheprovider", f"--hypothesis-seed={seed}"],
+            cwd=scratch, env=env, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+    finally:
+        elapsed = time.monotonic() - started
+        shutil.rmtree(scratch, ignore_errors=True)
+    caught = re.findall(r"(?:AssertionError|InvariantError): ([^\n]{0,110})", result.stdout)
+    verdict = "found" if result.returncode == 1 else ("missed" if result.returncode == 0 else "error")
+    return verdict, elapsed, (caught[0] if caught else result.stdout.strip().splitlines()[-1][:110])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", help="mutant names")
+    parser.add_argument("--seeds", nargs="*", type=int, default=[1, 2])
+    parser.add_argument("--profile", default="ci")
+    parser.add_argument("--jobs", type=int, default=2)
+    args = parser.parse_args()
+    chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
+    work = [(m, seed) for m in chosen for seed in args.seeds]
+    with ThreadPoolExecutor(args.jobs) as pool:
+        results = list(pool.map(lambda job: run(job[0], job[1], args.profile), work))
+    print("| mutant | item | seed | search | time s | caught by |\n| --- | --- | ---: | --- | ---: | --- |")
+    for (mutant, seed), (verdict, elapsed, caught) in zip(work, results, strict=True):
+        extra = f" (scripted: {mutant.scripted})" if mutant.scripted and verdict != "found" else ""
+        print(f"| {mutant.name} | {mutant.item} | {seed} | {verdict}{extra} | {elapsed:.0f} | {caught} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
