@@ -47,10 +47,20 @@ def local_cluster(
         )
         paths = SandboxPaths(root)
         state.save(paths)
-        spec = PostgresClusterSpec.model_validate(
-            {"instances": instances, "postgresVersion": 15, "parameters": parameters}
+        objects = ObjectStore(paths)
+        spec_fields: dict[str, Any] = {"instances": instances, "postgresVersion": 15}
+        if parameters:
+            spec_fields["parameters"] = parameters
+        objects.apply(
+            {
+                "apiVersion": "pgherd.io/v1alpha1",
+                "kind": "PostgresCluster",
+                "metadata": {"name": state.cluster},
+                "spec": spec_fields,
+            }
         )
-        cluster = LocalCluster(LocalPlatform(paths, state, ObjectStore(paths)), spec)
+        spec = PostgresClusterSpec.model_validate(objects.cluster()["spec"])
+        cluster = LocalCluster(LocalPlatform(paths, state, objects), spec)
         made.append(cluster)
         cluster.create(instances)
         return cluster

@@ -51,6 +51,11 @@ class SandboxPaths:
         return socket_path_for(self.root)
 
     @property
+    def rw_endpoint(self) -> Path:
+        """The member the rw endpoint selects (the last SetPrimary), as a pod label would persist it."""
+        return self.root / "rw-endpoint.json"
+
+    @property
     def members(self) -> Path:
         return self.root / "members"
 

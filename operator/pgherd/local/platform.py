@@ -125,6 +125,7 @@ class LocalPlatform:
         self._start_epochs: dict[str, int | None] = {}
         self.wal = WalEndReader(self.bins)
         self._lock = threading.Lock()
+        self.rw_member: str | None = (read_json(paths.rw_endpoint, {}) or {}).get("member")
         self._load_members()
 
     # --- names, DSNs, environment -------------------------------------------------------------------
@@ -538,6 +539,7 @@ class LocalPlatform:
             archiving_healthy=primary_obs.archiving_healthy if primary_obs else None,
             generation=int(cluster["metadata"].get("generation", 1)),
             switchover_to=switchover_to,
+            rw_member=self.rw_member,
         )
         return view, seen
 
@@ -728,6 +730,8 @@ class LocalPlatform:
         member.wanted = False
         member.save(self.paths)
         del self.members[action.member]
+        if self.rw_member == action.member:
+            self._point_rw_endpoint(None)
         if not action.keep_data:
             shutil.rmtree(self.paths.member_dir(action.member), ignore_errors=True)
 
@@ -765,6 +769,8 @@ class LocalPlatform:
             newly = not member.fenced
             member.fenced, member.demoted = True, False
         member.save(self.paths)
+        if self.rw_member == name:
+            self._point_rw_endpoint(None)  # out of the rw endpoint
         if newly:
             log.info("fencing %s (%s)", name, action.reason)
         if self.running(name):
@@ -862,8 +868,16 @@ class LocalPlatform:
                 self._rejoin_asked[name] = time.time()
 
     def _do_SetPrimary(self, action: act.SetPrimary, spec: PostgresClusterSpec) -> None:
-        # The rw DSN selects the only read-write member: nothing to re-label locally.
-        log.info("primary is now %s", action.member)
+        # The rw DSN selects the only read-write member; what is recorded here is what a pod label
+        # would say, for the engine to check (ClusterView.rw_member).
+        if self.rw_member != action.member:
+            log.info("primary is now %s", action.member)
+        self._point_rw_endpoint(action.member)
+
+    def _point_rw_endpoint(self, member: str | None) -> None:
+        if self.rw_member != member or not self.paths.rw_endpoint.exists():
+            write_json(self.paths.rw_endpoint, {"member": member})
+        self.rw_member = member
 
     def _do_SetSynchronousStandbys(
         self, action: act.SetSynchronousStandbys, spec: PostgresClusterSpec
