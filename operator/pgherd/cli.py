@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from pgherd import __version__
-from pgherd.commands import crds, sandbox, validate
+from pgherd.commands import crds, instance, sandbox, validate
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     crds.register(sub)
     validate.register(sub)
     sandbox.register(sub)
+    instance.register(sub)
     return parser
 
 

@@ -1,0 +1,380 @@
+"""One function per action of POST /actions/<name>. Each is idempotent (a repeated order finds its
+work done and answers `changed: false`), returns once done, and raises `Refused` (409) when the
+member's state forbids it, before changing anything. Fence alone does not wait for an action in
+progress: it stops PostgreSQL at once, and the gate (instance.py) keeps the slower action from starting
+it again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+from pgherd_backup.agent.instance import Instance, Refused, StartRole, upstream_params
+from pgherd_backup.agent.seeding import seed_and_start
+from pgherd_backup.agent.status import query_live
+from pgherd_backup.agent.wire import (
+    ActionResult,
+    CheckpointRequest,
+    DemoteRequest,
+    DropSlotRequest,
+    FenceRequest,
+    PromoteRequest,
+    RejoinRequest,
+    Request,
+    RestartRequest,
+    SeedRequest,
+    SetSyncRequest,
+    UnfenceRequest,
+    format_lsn,
+)
+from pgherd_backup.errors import PostgresError
+from pgherd_backup.postgres.config import update_pgherd_conf
+from pgherd_backup.postgres.rewind import rejoin_as_standby
+from pgherd_backup.postgres.seed import basebackup_seed, is_empty
+
+log = logging.getLogger("pgherd.agent")
+
+PROMOTE_WAIT = 60  # seconds pg_promote() waits for the end of recovery
+# How long a running replica may take to stream from a new upstream after a reload before a rejoin
+# stops it and rewinds (its history diverged, or the upstream is not ready yet).
+REPOINT_WAIT = 10.0
+SYNC_APPLY_WAIT = 5.0
+
+
+def _timeline(inst: Instance) -> int | None:
+    live = query_live(inst)
+    return live.timeline if live is not None else None
+
+
+# -- promote ------------------------------------------------------------------------------------------
+
+
+def promote(inst: Instance, request: PromoteRequest) -> ActionResult:
+    """pg_promote(); a stopped member is started read-only with no upstream first. Clears the fence."""
+    with inst.action("promote"):
+        token = inst.order()
+        if not inst.data_present():
+            raise Refused("no data directory to promote: seed the member first")
+        changed = False
+        if not inst.postmaster.alive:
+            changed = inst.start(StartRole.STANDBY, token, upstream=None, may_start_fenced=True)
+        if inst.wait_accepting(inst.options.start_timeout) == "replica":
+            inst.check(token, may_start_fenced=True)
+            with inst.connect(timeout=2, statement_timeout=PROMOTE_WAIT + 5) as conn:
+                row = conn.execute("SELECT pg_promote(true, %s)", (PROMOTE_WAIT,)).fetchone()
+            if not row or not row[0]:
+                raise PostgresError(
+                    f"the promotion of {inst.options.member} did not finish within {PROMOTE_WAIT}s: "
+                    f"see the PostgreSQL log {inst.options.log_file}"
+                )
+            changed = True
+        inst.record(token, fenced=False, demoted=False, upstream=None, role_at_fence=None)
+        update_pgherd_conf(inst.pgdata, {"primary_conninfo": None, "primary_slot_name": None})
+        if changed:
+            log.info("promoted (%s)", request.reason or "no reason given")
+        return ActionResult(
+            "promote",
+            changed=changed,
+            detail="promoted" if changed else "already the primary",
+            timeline=_timeline(inst),
+        )
+
+
+# -- fence / demote / unfence ------------------------------------------------------------------------
+
+
+def fence(inst: Instance, request: FenceRequest) -> ActionResult:
+    """Stop accepting writes now; stays stopped until unfence, demote, rejoin or promote."""
+    newly, was_running = inst.fence_now()
+    if newly or was_running:
+        log.warning("fenced (%s)", request.reason or "no reason given")
+    end = inst.wal.end(inst.pgdata)
+    return ActionResult(
+        "fence",
+        changed=newly or was_running,
+        detail="stopped" if was_running else "not running",
+        final_lsn=format_lsn(end.lsn) if end is not None else None,
+        shutdown_clean=inst.wal.shutdown_clean(inst.pgdata),
+        timeline=end.timeline if end is not None else None,
+    )
+
+
+def demote(inst: Instance, request: DemoteRequest) -> ActionResult:
+    """Run read-only with no upstream, still fenced: its WAL can be counted and chosen by a failover."""
+    with inst.action("demote"):
+        if not inst.data_present():
+            raise Refused("no data directory to start read-only: seed the member first")
+        if inst.postmaster.alive:
+            role = inst.role()
+            if role == "replica":
+                return ActionResult("demote", changed=False, detail="already running read-only")
+            inst.fence_now()  # a primary (or a member that does not answer): stop it first
+        token = inst.order()
+        inst.record(token, fenced=True, demoted=True)
+        inst.start(StartRole.STANDBY, token, upstream=None, may_start_fenced=True)
+        log.info("demoted: running read-only with no upstream (%s)", request.reason or "no reason given")
+        return ActionResult("demote", detail="running read-only with no upstream, still fenced")
+
+
+def unfence(inst: Instance, request: UnfenceRequest) -> ActionResult:
+    """Start a fenced member as it was: read-write only when asked and it was the primary when fenced."""
+    with inst.action("unfence"):
+        token = inst.order()
+        state = inst.settings_snapshot()
+        if not state["fenced"]:
+            return ActionResult("unfence", changed=False, detail="not fenced")
+        was = state["role_at_fence"]
+        if request.primary and was != "primary":
+            raise Refused(
+                f"it was {'a replica' if was == 'replica' else 'of unknown role'} when fenced: it cannot start "
+                "read-write; unfence it without primary, or promote it"
+            )
+        if inst.postmaster.alive:  # demoted: running read-only
+            if request.primary:
+                raise Refused("it runs read-only since a demote: promote it instead")
+            inst.record(token, fenced=False, demoted=False, role_at_fence=None)
+            return ActionResult("unfence", detail="unfenced; it keeps running read-only")
+        if not inst.data_present():
+            raise Refused("no data directory to start: seed the member first")
+        inst.record(token, fenced=False, demoted=False, role_at_fence=None)
+        if request.primary:
+            inst.start(StartRole.PRIMARY, token)
+            return ActionResult("unfence", detail="started read-write, as the primary it was")
+        inst.start(StartRole.STANDBY, token, upstream=state["upstream"])
+        return ActionResult("unfence", detail="started read-only")
+
+
+# -- rejoin ----------------------------------------------------------------------------------------------
+
+
+def _streams_from(inst: Instance, upstream: str) -> bool:
+    """The WAL receiver streams, over a connection to `upstream`'s host and port."""
+    wanted, _ = upstream_params(upstream)
+    try:
+        with inst.connect(timeout=1) as conn:
+            row = conn.execute("SELECT status, conninfo FROM pg_stat_wal_receiver").fetchone()
+    except psycopg.Error:
+        return False
+    if row is None or row[0] != "streaming" or not row[1]:
+        return False
+    used = conninfo_to_dict(row[1])
+    return str(used.get("host")) == str(wanted.get("host")) and str(used.get("port", "5432")) == str(
+        wanted.get("port", "5432")
+    )
+
+
+def _repoint(inst: Instance, upstream: str) -> None:
+    """A running replica follows another upstream: primary_conninfo changes on a reload (the WAL receiver
+    restarts with it; recovery_target_timeline=latest takes the new timeline)."""
+    changes: dict[str, Any] = {"primary_conninfo": inst.conninfo(upstream)}
+    command = inst.restore_command()
+    if command is not None:
+        changes["restore_command"] = command  # a member started with no upstream ran without the archive
+    update_pgherd_conf(inst.pgdata, changes)
+    with inst.connect(timeout=2) as conn:
+        conn.execute("SELECT pg_reload_conf()")
+
+
+def _wait(predicate: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return predicate()
+
+
+def rejoin(inst: Instance, request: RejoinRequest) -> ActionResult:
+    """Become a streaming replica of `upstream`: re-point a running replica; else stop, pg_rewind, or
+    re-clone (when rewind fails or `reclone` is asked) keeping the replaced data aside."""
+    upstream = request.upstream.strip()
+    if not upstream:
+        raise Refused("rejoin needs an upstream (host:port or a libpq conninfo)")
+    inst.conninfo(upstream)  # refuses an invalid upstream before anything changes
+    with inst.action("rejoin"):
+        token = inst.order()
+        state = inst.settings_snapshot()
+        role = inst.role() if inst.postmaster.alive else None
+        if role == "replica" and not request.reclone and not state["fenced"]:
+            if state["upstream"] == upstream and _streams_from(inst, upstream):
+                return ActionResult(
+                    "rejoin", changed=False, method="none", detail="already streaming from it"
+                )
+            _repoint(inst, upstream)
+            inst.record(token, fenced=False, demoted=False, upstream=upstream)
+            if _wait(lambda: _streams_from(inst, upstream), REPOINT_WAIT):
+                return ActionResult(
+                    "rejoin", method="repoint", detail="re-pointed; streaming", timeline=_timeline(inst)
+                )
+            log.warning("not streaming from the new upstream after %.0fs: stopping to rewind", REPOINT_WAIT)
+        inst.stop(checkpoint=role == "primary")
+        method, kept = _rebuild(inst, upstream, reclone=request.reclone)
+        inst.record(token, fenced=False, demoted=False, upstream=upstream, role_at_fence=None)
+        inst.start(StartRole.STANDBY, token, upstream=upstream)
+        log.info("rejoined by %s (%s)", method, request.reason or "no reason given")
+        return ActionResult(
+            "rejoin",
+            method=method,
+            kept_aside=str(kept) if kept else None,
+            detail=f"rejoined by {method}" + (f"; the old data is kept in {kept}" if kept else ""),
+            timeline=_timeline(inst),
+        )
+
+
+def _rebuild(inst: Instance, upstream: str, *, reclone: bool) -> tuple[str, Any]:
+    pgdata = inst.pgdata
+    if not inst.data_present() or reclone:
+        kept = None if is_empty(pgdata) else inst.keep_aside(pgdata)
+        basebackup_seed(
+            pgdata,
+            inst.conninfo(upstream),
+            bins=inst.bins,
+            settings=inst.settings(),
+            primary_conninfo=inst.conninfo(upstream),
+            restore_command=inst.restore_command(),
+        )
+        return ("reclone" if kept is not None else "basebackup"), kept
+    result = rejoin_as_standby(
+        pgdata,
+        inst.conninfo(upstream, superuser=True),
+        bins=inst.bins,
+        primary_conninfo=inst.conninfo(upstream),
+        restore_command=inst.restore_command(),
+        keep_aside=inst.keep_aside,
+    )
+    return result.method, result.kept_aside
+
+
+# -- restart -------------------------------------------------------------------------------------------
+
+
+def restart(inst: Instance, request: RestartRequest) -> ActionResult:
+    """Restart with the settings of `revision`: read-only (following its upstream, if any) unless
+    `primary`, the operator's order to start the primary read-write again."""
+    with inst.action("restart"):
+        token = inst.order()
+        state = inst.settings_snapshot()
+        if state["fenced"]:
+            raise Refused("the member is fenced: unfence, demote or rejoin it before a restart")
+        if not inst.data_present():
+            raise Refused("no data directory to start: seed the member first")
+        alive = inst.postmaster.alive
+        role = inst.role() if alive else None
+        if request.primary and (role or (None if alive else inst.role_on_disk())) == "replica":
+            raise Refused("it is a replica: promote it; a restart never makes a replica read-write")
+        wanted = "primary" if request.primary else "replica"
+        if request.revision is not None and request.revision == state["revision"] and role == wanted:
+            return ActionResult(
+                "restart", changed=False, detail=f"already running revision {request.revision}"
+            )
+        inst.stop(checkpoint=role == "primary")
+        if request.primary:
+            inst.start(StartRole.PRIMARY, token)
+        else:
+            inst.start(StartRole.STANDBY, token, upstream=state["upstream"])
+        if request.revision is not None:
+            inst.record(token, revision=request.revision)
+        return ActionResult("restart", detail=f"restarted {'read-write' if request.primary else 'read-only'}")
+
+
+# -- SQL actions ---------------------------------------------------------------------------------------
+
+
+def _require_running(inst: Instance) -> None:
+    if not inst.postmaster.alive:
+        raise Refused(f"PostgreSQL is {inst.postmaster.state.value}: start it first")
+    inst.wait_accepting(5)
+
+
+def set_sync(inst: Instance, request: SetSyncRequest) -> ActionResult:
+    """ALTER SYSTEM SET synchronous_standby_names; reload; answer once it is in force."""
+    with inst.action("set-sync"):
+        _require_running(inst)
+        with inst.connect(timeout=2, statement_timeout=10) as conn:
+
+            def in_force() -> bool:
+                row = conn.execute("SELECT current_setting('synchronous_standby_names')").fetchone()
+                return row is not None and row[0] == request.value
+
+            if in_force():
+                return ActionResult("set-sync", changed=False, detail="already in force")
+            conn.execute(
+                sql.SQL("ALTER SYSTEM SET synchronous_standby_names = {}").format(sql.Literal(request.value))
+            )
+            conn.execute("SELECT pg_reload_conf()")
+            if not _wait(in_force, SYNC_APPLY_WAIT):
+                raise PostgresError(
+                    f"synchronous_standby_names is not in force {SYNC_APPLY_WAIT:.0f}s after the reload"
+                )
+        log.info("synchronous_standby_names = %r (%s)", request.value, request.reason or "no reason given")
+        return ActionResult("set-sync", detail=f"synchronous_standby_names = {request.value!r}")
+
+
+def checkpoint(inst: Instance, request: CheckpointRequest) -> ActionResult:
+    with inst.action("checkpoint"):
+        _require_running(inst)
+        with inst.connect(timeout=2, statement_timeout=600) as conn:
+            conn.execute("CHECKPOINT")
+        return ActionResult("checkpoint", detail="checkpoint done")
+
+
+def drop_slot(inst: Instance, request: DropSlotRequest) -> ActionResult:
+    if not request.slot:
+        raise Refused("drop-slot needs a slot name")
+    with inst.action("drop-slot"):
+        _require_running(inst)
+        try:
+            with inst.connect(timeout=2, statement_timeout=10) as conn:
+                rows = conn.execute(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+                    (request.slot,),
+                ).fetchall()
+        except pg_errors.ObjectInUse:
+            raise Refused(
+                f"replication slot {request.slot!r} is in use by a standby: stop it first"
+            ) from None
+        if not rows:
+            return ActionResult("drop-slot", changed=False, detail=f"no replication slot {request.slot!r}")
+        return ActionResult("drop-slot", detail=f"dropped replication slot {request.slot!r}")
+
+
+# -- seed ------------------------------------------------------------------------------------------------
+
+
+def seed(inst: Instance, request: SeedRequest) -> ActionResult:
+    with inst.action("seed"):
+        token = inst.order()
+        if inst.data_present() or not is_empty(inst.pgdata):
+            return ActionResult(
+                "seed", changed=False, method="none", detail=f"{inst.pgdata} already holds data"
+            )
+        seeded = seed_and_start(
+            inst, request.method, request.upstream, request.snapshot, request.target, token
+        )
+        return ActionResult("seed", method=seeded.method, detail=seeded.detail, timeline=_timeline(inst))
+
+
+HANDLERS: dict[str, Callable[[Instance, Any], ActionResult]] = {
+    "promote": promote,
+    "fence": fence,
+    "demote": demote,
+    "unfence": unfence,
+    "rejoin": rejoin,
+    "restart": restart,
+    "set-sync": set_sync,
+    "checkpoint": checkpoint,
+    "drop-slot": drop_slot,
+    "seed": seed,
+}
+
+
+def perform(inst: Instance, request: Request) -> ActionResult:
+    return HANDLERS[request.action](inst, request)

@@ -1,0 +1,247 @@
+"""AgentClient: the operator's one door to a member (both platform adapters use it).
+
+Synchronous and standard library only (http.client over ssl): each call opens one connection, with a
+short timeout for observation and a longer one for actions, which answer when they are done. Every
+failure is an `AgentError` whose message names the member's address and carries the agent's own
+error text; subclasses say what kind of failure it is.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import ssl
+import urllib.parse
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pgherd_backup.agent.tls import client_context
+from pgherd_backup.agent.wire import (
+    ActionResult,
+    CheckpointRequest,
+    DemoteRequest,
+    DropSlotRequest,
+    ErrorBody,
+    FenceRequest,
+    PromoteRequest,
+    RejoinRequest,
+    Request,
+    RestartRequest,
+    SeedRequest,
+    SetSyncRequest,
+    Status,
+    UnfenceRequest,
+    WireError,
+)
+
+STATUS_TIMEOUT = 2.0
+ACTION_TIMEOUT = 120.0
+SLOW_ACTION_TIMEOUT = 3600.0  # rejoin and seed may copy a whole data directory
+
+
+class AgentError(Exception):
+    """A call to an agent failed. `status`: the HTTP status when the agent answered."""
+
+    def __init__(self, message: str, status: int | None = None, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.reason = reason
+
+
+class AgentUnreachable(AgentError):
+    """No answer: connection refused or timed out, or TLS failed (e.g. the certificate is not the
+    cluster CA's). Says nothing about PostgreSQL on the member."""
+
+
+class AgentAuthError(AgentError):
+    """401 (no credential sent) or 403 (wrong credential): the request changed nothing."""
+
+
+class AgentBusy(AgentError):
+    """409: another action is in progress on the member; ask again later."""
+
+
+class AgentActionError(AgentError):
+    """The agent refused the request (4xx) or tried and failed (5xx); the message is its own text."""
+
+
+class AgentClient:
+    """`base_url`: https://host:8008 (http:// only for an agent run with --no-tls).
+    `ca_file`: the cluster CA (None: the system's trust store, never advisable).
+    `server_hostname`: the name to verify in the certificate when connecting by IP (e.g. the member)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        ca_file: Path | str | None = None,
+        token: str | None = None,
+        server_hostname: str | None = None,
+        timeout: float = STATUS_TIMEOUT,
+        action_timeout: float = ACTION_TIMEOUT,
+    ) -> None:
+        url = urllib.parse.urlsplit(base_url)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"invalid agent URL {base_url!r}: expected https://host:port")
+        self.base_url = base_url.rstrip("/")
+        self.scheme = url.scheme
+        self.host = url.hostname
+        self.port = url.port or 8008
+        self.token = token
+        self.server_hostname = server_hostname
+        self.timeout = timeout
+        self.action_timeout = action_timeout
+        self._context: ssl.SSLContext | None = None
+        if self.scheme == "https":
+            self._context = client_context(ca_file)
+            if ca_file is None:
+                self._context.load_default_certs()
+
+    def __repr__(self) -> str:  # never the token
+        return f"AgentClient({self.base_url!r})"
+
+    # -- observation ------------------------------------------------------------------------------
+    def status(self, timeout: float | None = None) -> Status:
+        body = self._call("GET", "/status", timeout=timeout or self.timeout)
+        try:
+            return Status.from_dict(body)
+        except WireError as exc:
+            raise AgentError(f"agent {self.base_url}: unexpected /status document ({exc})") from None
+
+    def probe(self, name: str, timeout: float | None = None) -> int:
+        """The HTTP status of a probe (`healthz`, `readyz`, `startupz`); no credential sent."""
+        status, _ = self._request("GET", f"/{name}", None, timeout or self.timeout, auth=False)
+        return status
+
+    # -- actions (each idempotent; each returns once done) ---------------------------------------
+    def promote(self, reason: str = "") -> ActionResult:
+        return self.act(PromoteRequest(reason=reason))
+
+    def fence(self, reason: str = "") -> ActionResult:
+        return self.act(FenceRequest(reason=reason))
+
+    def demote(self, reason: str = "") -> ActionResult:
+        return self.act(DemoteRequest(reason=reason))
+
+    def unfence(self, primary: bool = False, reason: str = "") -> ActionResult:
+        return self.act(UnfenceRequest(reason=reason, primary=primary))
+
+    def rejoin(self, upstream: str, reclone: bool = False, reason: str = "") -> ActionResult:
+        return self.act(
+            RejoinRequest(reason=reason, upstream=upstream, reclone=reclone), timeout=SLOW_ACTION_TIMEOUT
+        )
+
+    def restart(self, revision: str | None = None, primary: bool = False, reason: str = "") -> ActionResult:
+        return self.act(RestartRequest(reason=reason, revision=revision, primary=primary))
+
+    def set_sync(self, value: str, reason: str = "") -> ActionResult:
+        return self.act(SetSyncRequest(reason=reason, value=value))
+
+    def checkpoint(self, reason: str = "") -> ActionResult:
+        return self.act(CheckpointRequest(reason=reason))
+
+    def drop_slot(self, slot: str, reason: str = "") -> ActionResult:
+        return self.act(DropSlotRequest(reason=reason, slot=slot))
+
+    def seed(
+        self,
+        method: str,
+        upstream: str | None = None,
+        snapshot: str | None = None,
+        target: str | None = None,
+        reason: str = "",
+    ) -> ActionResult:
+        request = SeedRequest(
+            reason=reason, method=method, upstream=upstream, snapshot=snapshot, target=target
+        )
+        return self.act(request, timeout=SLOW_ACTION_TIMEOUT)
+
+    def act(self, request: Request, timeout: float | None = None) -> ActionResult:
+        body = self._call(
+            "POST", f"/actions/{request.action}", request.to_dict(), timeout=timeout or self.action_timeout
+        )
+        try:
+            return ActionResult.from_dict(body)
+        except WireError as exc:
+            raise AgentError(
+                f"agent {self.base_url}: unexpected answer to {request.action} ({exc})"
+            ) from None
+
+    # -- transport --------------------------------------------------------------------------------
+    def _call(
+        self, method: str, path: str, payload: Mapping[str, Any] | None = None, *, timeout: float
+    ) -> Any:
+        status, text = self._request(method, path, payload, timeout, auth=True)
+        try:
+            body = json.loads(text) if text else {}
+        except ValueError:
+            body = {"error": text.strip()[:500]}
+        if 200 <= status < 300:
+            return body
+        error = _error_body(body, status)
+        message = f"agent {self.base_url}: {method} {path} answered {status}: {error.error}"
+        if status in (401, 403):
+            raise AgentAuthError(message, status, error.reason)
+        if status == 409 and error.reason == "busy":
+            raise AgentBusy(message, status, error.reason)
+        raise AgentActionError(message, status, error.reason)
+
+    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+        if self._context is None:
+            return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        if self.server_hostname and self.server_hostname != self.host:
+            return _NamedHTTPSConnection(self.host, self.port, self.server_hostname, self._context, timeout)
+        return http.client.HTTPSConnection(self.host, self.port, timeout=timeout, context=self._context)
+
+    def _request(
+        self, method: str, path: str, payload: Mapping[str, Any] | None, timeout: float, *, auth: bool
+    ) -> tuple[int, str]:
+        headers = {"Accept": "application/json"}
+        data: bytes | None = None
+        if payload is not None:
+            data = json.dumps(payload).encode()
+            headers["Content-Type"] = "application/json"
+        if auth and self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        connection = self._connection(timeout)
+        try:
+            connection.request(method, path, body=data, headers=headers)
+            response = connection.getresponse()
+            return response.status, response.read().decode(errors="replace")
+        except ssl.SSLCertVerificationError as exc:
+            raise AgentUnreachable(
+                f"agent {self.base_url}: its TLS certificate is not trusted ({exc.verify_message}): "
+                "check that the client uses this cluster's CA and the member's name",
+            ) from None
+        except TimeoutError:
+            raise AgentUnreachable(
+                f"agent {self.base_url}: no answer to {method} {path} within {timeout:g}s"
+            ) from None
+        except (OSError, http.client.HTTPException) as exc:
+            raise AgentUnreachable(f"agent {self.base_url}: {method} {path} failed ({exc})") from None
+        finally:
+            connection.close()
+
+
+def _error_body(body: Any, status: int) -> ErrorBody:
+    try:
+        return ErrorBody.from_dict(body)
+    except WireError:
+        return ErrorBody(error=f"HTTP {status}")
+
+
+class _NamedHTTPSConnection(http.client.HTTPSConnection):
+    """HTTPS to an address, verifying the certificate against another name (a pod IP and its member)."""
+
+    def __init__(
+        self, host: str, port: int, server_hostname: str, context: ssl.SSLContext, timeout: float
+    ) -> None:
+        super().__init__(host, port, timeout=timeout, context=context)
+        self._server_hostname = server_hostname
+        self._ssl_context = context
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)
+        self.sock = self._ssl_context.wrap_socket(self.sock, server_hostname=self._server_hostname)

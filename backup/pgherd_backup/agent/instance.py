@@ -1,0 +1,522 @@
+"""The member as its agent holds it: the data directory, the PostgreSQL child, the orders received.
+
+Three rules live here, so that no action can break them:
+- A start is gated (`start`): refused once a fence came after the order that asked for it, or when the
+  member is fenced and the order may not start a fenced member, or once the agent shuts down.
+- An existing data directory starts read-only unless an order says `StartRole.PRIMARY` (promote, a
+  restart or unfence of the primary, a new cluster's initdb); a crash restarts it read-only.
+- One action at a time (`action()`), except fence and SIGTERM, which never wait for one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from pgherd_backup import __version__
+from pgherd_backup.agent.credentials import Credentials
+from pgherd_backup.agent.options import AgentOptions, read_parameters
+from pgherd_backup.agent.state import AgentState
+from pgherd_backup.agent.supervisor import PostmasterChild, PostmasterState, StartRefused
+from pgherd_backup.errors import BackupError, PostgresError
+from pgherd_backup.postgres.binaries import PgBinaries
+from pgherd_backup.postgres.config import (
+    Setting,
+    archive_command,
+    clear_standby_config,
+    member_settings,
+    restore_command,
+    update_pgherd_conf,
+    write_standby_config,
+)
+from pgherd_backup.postgres.control import read_controldata
+from pgherd_backup.postgres.process import give_to_pg, grant_traverse, make_pg_dir
+from pgherd_backup.postgres.seed import is_empty
+from pgherd_backup.postgres.walend import WalEndReader
+from pgherd_backup.restore import agent_executable
+
+log = logging.getLogger("pgherd.agent")
+
+VERSION = __version__
+_CRASH_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+class Busy(BackupError):
+    """Another action holds the member (409 busy)."""
+
+
+class Refused(BackupError):
+    """The member's state forbids the action now; nothing was changed (409 refused)."""
+
+
+class StartRole(StrEnum):
+    PRIMARY = "primary"  # no standby.signal: read-write (an explicit order only)
+    STANDBY = "standby"  # standby.signal, following the upstream given (or none)
+    AS_IS = "as-is"  # as the data directory says (a restored snapshot's targeted recovery)
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def upstream_params(upstream: str) -> tuple[dict[str, Any], bool]:
+    """libpq parameters of an upstream given as a conninfo / URI (explicit: used as it is) or as
+    `host[:port]` (the agent adds its users)."""
+    text = upstream.strip()
+    if "=" in text or text.startswith(("postgres://", "postgresql://")):
+        try:
+            return dict(conninfo_to_dict(text)), True
+        except psycopg.ProgrammingError as exc:
+            raise Refused(f"invalid upstream conninfo: {exc}") from None
+    host, sep, port = text.rpartition(":") if text.count(":") == 1 else (text, "", "")
+    if not sep:
+        host, port = text, "5432"
+    if not host or not port.isdigit():
+        raise Refused(f"invalid upstream {upstream!r}: expected host:port or a libpq conninfo")
+    return {"host": host, "port": port}, False
+
+
+def describe_upstream(upstream: str | None) -> str | None:
+    """The upstream as /status shows it: never a password."""
+    if upstream is None:
+        return None
+    try:
+        params, explicit = upstream_params(upstream)
+    except Refused:
+        return "(invalid)"
+    if not explicit:
+        return upstream.strip()
+    params.pop("password", None)
+    return make_conninfo(**{k: str(v) for k, v in params.items()})
+
+
+def _pgpass_escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace(":", "\\:")
+
+
+class Instance:
+    def __init__(
+        self, options: AgentOptions, credentials: Credentials, bins: PgBinaries | None = None
+    ) -> None:
+        self.options = options
+        self.credentials = credentials
+        self.bins = bins or PgBinaries.find()
+        self.pgdata = options.pgdata
+        self.state = AgentState.load(options.state_file)
+        if options.revision is not None:
+            self.state.revision = options.revision
+        if options.upstream is not None and not self.state.fenced:
+            self.state.upstream = options.upstream
+        self.agent_executable = agent_executable()
+        self.wal = WalEndReader(self.bins)
+        self.epoch = 0  # bumped by every fence and by the shutdown: orders given before may not start it
+        self.terminating = False
+        self.shutting_down = False
+        self.last_error: str | None = None
+        self.start_failed = False
+        self.action_name: str | None = None
+        self.boot_done = threading.Event()
+        self._state_lock = threading.RLock()
+        self._action_lock = threading.Lock()
+        self.fence_lock = threading.Lock()
+        self.postmaster = PostmasterChild(
+            self.pgdata, bins=self.bins, log_file=options.log_file, env=self.pg_env, on_crash=self._on_crash
+        )
+
+    # -- the volume ---------------------------------------------------------------------------------
+    def prepare_volume(self) -> None:
+        """Directories the PostgreSQL account must own or reach, and the password file its clients use."""
+        make_pg_dir(self.options.agent_dir, mode=0o700)
+        make_pg_dir(self.options.socket_dir, mode=0o700)
+        # archive_command / restore_command run pgherd-backup as the PostgreSQL account
+        grant_traverse(sys.executable, self.agent_executable, self.options.volume)
+        self.write_passfile()
+        os.environ["PGPASSFILE"] = str(self.options.passfile)
+        self.save()
+
+    def write_passfile(self) -> None:
+        lines = []
+        pairs = [
+            (self.options.superuser, self.credentials.superuser_password),
+            (self.options.replication_role, self.credentials.replication_password),
+        ]
+        for user, secret in pairs:
+            if secret is not None:
+                lines.append(f"*:*:*:{_pgpass_escape(user)}:{_pgpass_escape(secret.value())}\n")
+        path = self.options.passfile
+        tmp = path.with_name(".pgpass.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.writelines(lines)
+        give_to_pg(tmp)
+        os.replace(tmp, path)
+
+    def data_present(self) -> bool:
+        return (self.pgdata / "PG_VERSION").exists()
+
+    def keep_aside(self, pgdata: Path) -> Path:
+        """Move a data directory a re-clone replaces to `<volume>/kept/<stamp>` (same volume: a rename,
+        no copy; never deleted) and remember it."""
+        kept_root = self.options.kept
+        kept_root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+        target = kept_root / stamp
+        os.rename(pgdata, target)
+        with self._state_lock:
+            self.state.kept_aside.append(str(target))
+            self.save()
+        log.warning("the data directory %s was replaced; the old one is kept in %s", pgdata, target)
+        return target
+
+    def save(self) -> None:
+        with self._state_lock:
+            self.state.save(self.options.state_file)
+
+    # -- PostgreSQL's settings and environment ----------------------------------------------------------
+    def pg_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PGPASSFILE"] = str(self.options.passfile)
+        env["PATH"] = f"{Path(self.agent_executable).parent}:{env.get('PATH', '/usr/bin:/bin')}"
+        if self.options.store:
+            env["PGHERD_STORE"] = self.options.store
+            env["PGHERD_CLUSTER"] = self.options.cluster
+        return env
+
+    def settings(self) -> dict[str, Setting]:
+        """The member's pgherd-owned settings, and its parameters (the file is read again each time:
+        a restart at a new revision takes the parameters of that revision)."""
+        options = self.options
+        extra: dict[str, Setting] = {"cluster_name": options.member, **options.parameters}
+        if options.parameters_file is not None:
+            extra.update(read_parameters(options.parameters_file))
+        command = (
+            archive_command(self.agent_executable, options.store, options.cluster) if options.store else None
+        )
+        return member_settings(
+            options.pg_port,
+            listen_addresses=options.pg_listen,
+            socket_dir=str(options.socket_dir),
+            archive_command=command,
+            extra=extra,
+        )
+
+    def restore_command(self) -> str | None:
+        if not self.options.store:
+            return None
+        return restore_command(
+            self.agent_executable,
+            self.options.store,
+            self.options.cluster,
+            wal_service=str(self.options.wal_socket),
+        )
+
+    def conninfo(self, upstream: str, *, superuser: bool = False) -> str:
+        """A conninfo to `upstream`: as given when explicit; else with the replication account (or the
+        superuser, which pg_rewind needs). The password comes from the passfile, never from here."""
+        params, explicit = upstream_params(upstream)
+        if not explicit:
+            params["user"] = self.options.superuser if superuser else self.options.replication_role
+            params["dbname"] = "postgres"
+        params.setdefault("application_name", self.options.member)
+        params.setdefault("connect_timeout", "10")
+        if "password" not in params:
+            params.setdefault("passfile", str(self.options.passfile))
+        return make_conninfo(**{k: str(v) for k, v in params.items()})
+
+    # -- SQL on the member itself --------------------------------------------------------------------
+    def local_dsn(self) -> str:
+        return make_conninfo(
+            host=str(self.options.socket_dir),
+            port=str(self.options.pg_port),
+            user=self.options.superuser,
+            dbname="postgres",
+            application_name="pgherd-agent",
+        )
+
+    @contextlib.contextmanager
+    def connect(
+        self, timeout: float = 2.0, statement_timeout: float | None = None
+    ) -> Iterator[psycopg.Connection[Any]]:
+        options = f"-c statement_timeout={int((statement_timeout or timeout) * 1000)}"
+        with psycopg.connect(
+            self.local_dsn(), autocommit=True, connect_timeout=max(1, int(timeout)), options=options
+        ) as conn:
+            yield conn
+
+    def role(self) -> str | None:
+        """primary | replica from SQL; None when PostgreSQL does not answer."""
+        if not self.postmaster.alive:
+            return None
+        try:
+            with self.connect(timeout=2) as conn:
+                row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+        except psycopg.Error:
+            return None
+        return None if row is None else ("replica" if row[0] else "primary")
+
+    def wait_accepting(self, timeout: float) -> str:
+        """Wait until PostgreSQL answers SQL; its role. Refused when it does not in time."""
+        deadline = time.monotonic() + timeout
+        while True:
+            role = self.role()
+            if role is not None:
+                return role
+            if not self.postmaster.alive:
+                raise Refused("PostgreSQL is not running")
+            if time.monotonic() >= deadline:
+                raise Refused(
+                    f"PostgreSQL does not accept connections after {timeout:.0f}s (still recovering?)"
+                )
+            time.sleep(0.1)
+
+    def role_on_disk(self) -> str | None:
+        """The role pg_control records (a stopped member): `in production` or `shut down` is a primary's."""
+        try:
+            return "replica" if read_controldata(self.pgdata, self.bins).in_recovery else "primary"
+        except BackupError:
+            return None
+
+    # -- the gate -------------------------------------------------------------------------------------
+    def order(self) -> int:
+        """The token of an order received now: a later fence invalidates it."""
+        with self._state_lock:
+            return self.epoch
+
+    def refusal(self, token: int, *, may_start_fenced: bool = False) -> str | None:
+        with self._state_lock:
+            if self.shutting_down:
+                return "the agent is shutting down"
+            if token != self.epoch:
+                return "fenced after this order was given"
+            if self.state.fenced and not may_start_fenced:
+                return "the member is fenced (unfence, demote, rejoin or promote it first)"
+        return None
+
+    def check(self, token: int, *, may_start_fenced: bool = False) -> None:
+        reason = self.refusal(token, may_start_fenced=may_start_fenced)
+        if reason is not None:
+            raise Refused(f"not started: {reason}")
+
+    def start(
+        self, role: StartRole, token: int, *, upstream: str | None = None, may_start_fenced: bool = False
+    ) -> bool:
+        """Configure the data directory for `role` and start PostgreSQL (no-op when it runs); gated."""
+        if not self.data_present():
+            raise Refused(f"{self.pgdata} holds no data: seed it first (POST /actions/seed)")
+        self.check(token, may_start_fenced=may_start_fenced)
+        if not self.postmaster.alive:
+            self.configure(role, upstream)
+        try:
+            started = self.postmaster.start(
+                lambda: self.refusal(token, may_start_fenced=may_start_fenced),
+                timeout=self.options.start_timeout,
+            )
+        except StartRefused as exc:
+            raise Refused(f"not started: {exc}") from None
+        except PostgresError as exc:
+            self.start_failed = True
+            self.last_error = self.credentials.redact(exc.message)
+            raise
+        self.start_failed = False
+        if started:
+            log.info(
+                "PostgreSQL runs as %s%s",
+                role.value,
+                f" following {describe_upstream(upstream)}" if upstream else "",
+            )
+        return started
+
+    def configure(self, role: StartRole, upstream: str | None) -> None:
+        """The settings files for a start in `role` (PostgreSQL stopped)."""
+        self.write_passfile()
+        update_pgherd_conf(self.pgdata, self.settings())
+        if role is StartRole.PRIMARY:
+            clear_standby_config(self.pgdata)
+            (self.pgdata / "recovery.signal").unlink(missing_ok=True)
+        elif role is StartRole.STANDBY:
+            if upstream is not None:
+                write_standby_config(
+                    self.pgdata, self.conninfo(upstream), restore_command=self.restore_command()
+                )
+            else:
+                # Its own WAL only: no upstream and no archive, so that it cannot wander onto another
+                # member's timeline before the operator decides.
+                write_standby_config(self.pgdata, "")
+                update_pgherd_conf(self.pgdata, {"restore_command": None, "primary_conninfo": None})
+
+    def stop(self, *, checkpoint: bool) -> None:
+        """CHECKPOINT first when asked and it is a primary (the shutdown checkpoint then has little left
+        to write), then fast shutdown, immediate after --stop-timeout."""
+        if not self.postmaster.alive:
+            return
+        if checkpoint and self.role() == "primary":
+            try:
+                with self.connect(timeout=1, statement_timeout=self.options.stop_timeout) as conn:
+                    conn.execute("CHECKPOINT")
+            except psycopg.Error as exc:
+                log.warning("CHECKPOINT before the shutdown failed: %s", str(exc).strip())
+        self.postmaster.shutdown(stop_timeout=self.options.stop_timeout)
+
+    # -- actions: one at a time ------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def action(self, name: str, wait: float = 0.5) -> Iterator[None]:
+        if not self._action_lock.acquire(timeout=wait):
+            raise Busy(f"busy: {self.action_name or 'an action'} is in progress; ask again when it is done")
+        self.action_name = name
+        try:
+            yield
+        finally:
+            self.action_name = None
+            self._action_lock.release()
+
+    def record(self, token: int | None = None, **fields: Any) -> None:
+        """Record state fields (fenced, upstream, revision...); with `token`, only if no fence came since
+        the order (Refused otherwise, and nothing is recorded)."""
+        with self._state_lock:
+            if token is not None and token != self.epoch:
+                raise Refused("fenced after this order was given: nothing more was done")
+            for key, value in fields.items():
+                setattr(self.state, key, value)
+            self.save()
+
+    def fence_now(self) -> tuple[bool, bool]:
+        """Fence: forbid every start decided before, then stop PostgreSQL (CHECKPOINT if primary, fast,
+        immediate after --stop-timeout). Returns (newly fenced, was running)."""
+        with self.fence_lock:
+            running = self.postmaster.alive
+            role = self.role() if running else None
+            with self._state_lock:
+                self.epoch += 1
+                newly = not self.state.fenced or self.state.demoted
+                if newly:
+                    self.state.role_at_fence = role or self.state.role_at_fence or self.role_on_disk()
+                self.state.fenced, self.state.demoted = True, False
+                self.save()
+            self.stop(checkpoint=role == "primary")
+            return newly, running
+
+    # -- crashes ---------------------------------------------------------------------------------------
+    def _on_crash(self, code: int) -> None:
+        how = f"signal {-code}" if code < 0 else f"exit status {code}"
+        with self._state_lock:
+            self.state.crashes += 1
+            self.state.last_crash_at = now_iso()
+            self.last_error = f"PostgreSQL exited unexpectedly ({how}) at {self.state.last_crash_at}"
+            self.save()
+            token = self.epoch
+            demoted = self.state.demoted
+            upstream = None if demoted else self.state.upstream
+        log.error("%s: starting it again read-only", self.last_error)
+        threading.Thread(
+            target=self._restart_read_only, args=(token, upstream, demoted), name="crash-restart", daemon=True
+        ).start()
+
+    def _restart_read_only(self, token: int, upstream: str | None, demoted: bool) -> None:
+        for attempt in range(10_000):
+            time.sleep(_CRASH_BACKOFF[min(attempt, len(_CRASH_BACKOFF) - 1)])
+            if self.refusal(token, may_start_fenced=demoted) is not None:
+                log.info(
+                    "not restarting PostgreSQL after the crash: %s",
+                    self.refusal(token, may_start_fenced=demoted),
+                )
+                return
+            try:
+                with self.action("restart after a crash", wait=5.0):
+                    if self.postmaster.alive:
+                        return  # an order started it meanwhile
+                    self.start(StartRole.STANDBY, token, upstream=upstream, may_start_fenced=demoted)
+                    return
+            except Busy:
+                continue
+            except Refused as exc:
+                log.info("not restarting PostgreSQL after the crash: %s", exc)
+                return
+            except (BackupError, OSError) as exc:
+                log.error("restarting PostgreSQL after the crash failed (attempt %d): %s", attempt + 1, exc)
+
+    # -- boot -----------------------------------------------------------------------------------------
+    def boot(self) -> None:
+        """What a starting agent does with its data directory (see seeding.py for an empty one)."""
+        from pgherd_backup.agent.seeding import seed_and_start
+
+        try:
+            with self.action("boot", wait=60):
+                token = self.order()
+                if is_empty(self.pgdata):
+                    if self.options.seed == "none":
+                        log.info(
+                            "%s is empty: waiting for an order to seed it (POST /actions/seed)", self.pgdata
+                        )
+                        return
+                    options = self.options
+                    seed_and_start(
+                        self, options.seed, options.upstream, options.snapshot, options.recovery_target, token
+                    )
+                    return
+                with self._state_lock:
+                    fenced, demoted, upstream = self.state.fenced, self.state.demoted, self.state.upstream
+                if fenced and not demoted:
+                    log.warning(
+                        "the member is fenced: PostgreSQL stays stopped until unfence, demote, rejoin or promote"
+                    )
+                    return
+                if (self.pgdata / "recovery.signal").exists():
+                    # A restored snapshot's targeted recovery, as ordered: it ends with its promotion.
+                    self.start(StartRole.AS_IS, token)
+                    return
+                self.start(
+                    StartRole.STANDBY, token, upstream=None if demoted else upstream, may_start_fenced=demoted
+                )
+        except (BackupError, OSError) as exc:
+            self.start_failed = True
+            self.last_error = self.credentials.redact(str(exc))
+            log.error("the first start failed: %s", self.last_error)
+        finally:
+            self.boot_done.set()
+
+    # -- SIGTERM -------------------------------------------------------------------------------------------
+    def terminate(self) -> None:
+        """A primary not fenced waits (bounded) for the operator to switch over; then everything stops."""
+        wait = self.options.wait_for_switchover
+        if self.role() == "primary" and not self.state.fenced and wait > 0:
+            self.terminating = True
+            log.warning(
+                "SIGTERM on the primary: waiting up to %.0fs for the operator to switch over (fence or demote)",
+                wait,
+            )
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline and not self.state.fenced and self.postmaster.alive:
+                time.sleep(0.1)
+        with self._state_lock:
+            self.shutting_down = True
+            self.epoch += 1
+        with self.fence_lock:
+            log.info("shutting PostgreSQL down")
+            self.stop(checkpoint=True)
+        self.terminating = False
+        log.info("PostgreSQL is stopped (%s)", self.postmaster.state.value)
+
+    # -- the probes' view ------------------------------------------------------------------------------
+    def healthy(self) -> tuple[bool, str]:
+        state = self.postmaster.state
+        if state is PostmasterState.CRASHED:
+            return False, f"PostgreSQL crashed and is not running again yet ({self.last_error})"
+        if self.start_failed and not self.postmaster.alive and self.action_name is None:
+            return False, f"PostgreSQL should run and does not: {self.last_error}"
+        return True, state.value
+
+    def settings_snapshot(self) -> Mapping[str, Any]:
+        with self._state_lock:
+            return dict(vars(self.state))

@@ -1,0 +1,152 @@
+"""The agent's configuration (from flags and PGHERD_* variables, parsed by `pgherd instance run`) and
+the places it keeps things on the member's volume.
+
+Volume layout (the volume is the directory holding the data directory):
+  <volume>/<pgdata>           PostgreSQL's data directory
+  <volume>/<pgdata>.log       PostgreSQL's log (default)
+  <volume>/agent/state.json   what the agent remembers across its restarts (see state.py)
+  <volume>/agent/pgpass       the passwords PostgreSQL's clients (walreceiver, pg_basebackup) use
+  <volume>/agent/run/         PostgreSQL's Unix socket: the agent's own connections, no password
+  <volume>/kept/<stamp>/      data directories a re-clone replaced: kept on the same volume, never deleted
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pgherd_backup.errors import UsageError
+from pgherd_backup.postgres.config import OWNED_SETTINGS, Setting
+
+SEED_METHODS = ("none", "initdb", "basebackup", "snapshot")
+_PARAMETER = re.compile(
+    r"^\s*(?:(?P<name>[A-Za-z_][A-Za-z0-9_.]*)\s*=?\s*(?:'(?P<quoted>(?:[^']|'')*)'|(?P<bare>[^#\s]*))\s*)?(?:#.*)?$"
+)
+_MAX_SOCKET_DIR = 90  # AF_UNIX paths are limited to 108 bytes; PostgreSQL adds "/.s.PGSQL.<port>"
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    cluster: str
+    member: str
+    pgdata: Path
+    token_file: Path
+    listen: str = "0.0.0.0"
+    port: int = 8008
+    pg_port: int = 5432
+    pg_listen: str = "*"
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_ca: Path | None = None
+    no_tls: bool = False
+    seed: str = "none"
+    upstream: str | None = None
+    snapshot: str | None = None
+    recovery_target: str | None = None
+    store: str | None = None
+    superuser: str = "postgres"
+    superuser_password_file: Path | None = None
+    replication_user: str | None = None  # default: the superuser
+    replication_password_file: Path | None = None  # default: the superuser's
+    app_user: str | None = None
+    app_database: str | None = None
+    app_password_file: Path | None = None
+    hba: tuple[str, ...] = ()  # pg_hba.conf lines added at initdb (default: password auth from anywhere)
+    parameters: Mapping[str, Setting] = field(default_factory=dict)
+    parameters_file: Path | None = None  # read again at every start: parameters of a new revision
+    revision: str | None = None
+    stop_timeout: float = 10.0
+    grace_period: float = 30.0
+    terminate_wait: float | None = None
+    ready_lag_bytes: int = 16 << 20
+    pg_log: Path | None = None
+    start_timeout: float = 120.0
+    state_dir: Path | None = None
+    kept_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.seed not in SEED_METHODS:
+            raise UsageError(f"--seed {self.seed!r}: expected one of {', '.join(SEED_METHODS)}")
+        if self.seed == "basebackup" and not self.upstream:
+            raise UsageError("--seed basebackup needs --upstream (the member to clone)")
+        if self.seed == "snapshot" and not self.store:
+            raise UsageError("--seed snapshot needs --store (and the S3 credentials in the environment)")
+        if not self.no_tls and not (self.tls_cert and self.tls_key):
+            raise UsageError(
+                "TLS needs --tls-cert and --tls-key (make them with `pgherd instance certs`); "
+                "--no-tls is for tests and the sandbox only"
+            )
+        if not self.cluster or not self.member:
+            raise UsageError("--cluster and --member are required")
+
+    @property
+    def volume(self) -> Path:
+        return self.pgdata.parent
+
+    @property
+    def agent_dir(self) -> Path:
+        return self.state_dir or self.volume / "agent"
+
+    @property
+    def state_file(self) -> Path:
+        return self.agent_dir / "state.json"
+
+    @property
+    def passfile(self) -> Path:
+        return self.agent_dir / "pgpass"
+
+    @property
+    def socket_dir(self) -> Path:
+        inside = self.agent_dir / "run"
+        if len(str(inside)) <= _MAX_SOCKET_DIR:
+            return inside
+        digest = hashlib.sha256(str(self.pgdata).encode()).hexdigest()[:16]
+        return Path("/tmp") / f"pgherd-{digest}"
+
+    @property
+    def wal_socket(self) -> Path:
+        return self.socket_dir / "wal.sock"
+
+    @property
+    def kept(self) -> Path:
+        return self.kept_dir or self.volume / "kept"
+
+    @property
+    def log_file(self) -> Path:
+        return self.pg_log or self.volume / f"{self.pgdata.name}.log"
+
+    @property
+    def replication_role(self) -> str:
+        return self.replication_user or self.superuser
+
+    @property
+    def wait_for_switchover(self) -> float:
+        """How long a terminating primary waits for the operator: what the grace period leaves after a
+        CHECKPOINT, a fast shutdown and an immediate one, each bounded by --stop-timeout."""
+        if self.terminate_wait is not None:
+            return max(0.0, self.terminate_wait)
+        return max(0.0, self.grace_period - 2 * self.stop_timeout - 3)
+
+
+def read_parameters(path: Path) -> dict[str, Setting]:
+    """PostgreSQL parameters from a file: `name = value` lines ('#' comments), as postgresql.conf.
+    Settings pgherd owns (port, primary_conninfo, ...) are refused: the agent sets them."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise UsageError(f"cannot read the parameters file {path} ({exc.strerror})") from None
+    parameters: dict[str, Setting] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        match = _PARAMETER.match(raw)
+        if match is None:
+            raise UsageError(f"{path}:{number}: expected `name = value`, got {raw.strip()!r}")
+        name, quoted, bare = match.group("name", "quoted", "bare")
+        if name is None:
+            continue  # blank or comment
+        if name in OWNED_SETTINGS:
+            raise UsageError(f"{path}:{number}: {name} is set by pgherd and cannot be a parameter")
+        parameters[name] = quoted.replace("''", "'") if quoted is not None else bare.strip()
+    return parameters

@@ -1,0 +1,122 @@
+"""`pgherd instance run`: the agent's life, from boot to SIGTERM.
+
+The main thread only waits for a signal (Python runs signal handlers there) and, as PID 1, reaps
+orphans; the boot (seeding, the first start) runs in its own thread so that the probes and /status
+answer from the first second.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from pgherd_backup.agent import tls
+from pgherd_backup.agent.credentials import Credentials, RedactingFilter, SecretFile
+from pgherd_backup.agent.instance import Instance
+from pgherd_backup.agent.options import AgentOptions
+from pgherd_backup.agent.server import AgentServer
+from pgherd_backup.agent.supervisor import OrphanReaper
+from pgherd_backup.errors import UsageError
+
+if TYPE_CHECKING:
+    from pgherd_backup.walservice import WalService
+
+log = logging.getLogger("pgherd.agent")
+
+
+def load_credentials(options: AgentOptions) -> Credentials:
+    def optional(path: Path | None, what: str) -> SecretFile | None:
+        return SecretFile(path, what) if path is not None else None
+
+    return Credentials(
+        SecretFile(options.token_file, "operator token"),
+        superuser_password=optional(options.superuser_password_file, "superuser password"),
+        replication_password=optional(options.replication_password_file, "replication password"),
+        app_password=optional(options.app_password_file, "application password"),
+    )
+
+
+def configure_logging(credentials: Credentials) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(RedactingFilter(credentials))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+
+
+def run(options: AgentOptions) -> int:
+    credentials = load_credentials(options)
+    configure_logging(credentials)
+    context = None
+    if options.no_tls:
+        log.warning(
+            "!!! --no-tls: the agent's API, its bearer token included, travels in clear text. "
+            "For tests and the local sandbox only; never on a network. !!!"
+        )
+    else:
+        assert options.tls_cert is not None and options.tls_key is not None
+        try:
+            context = tls.server_context(options.tls_cert, options.tls_key)
+        except (OSError, ValueError) as exc:
+            raise UsageError(
+                f"cannot load the TLS certificate {options.tls_cert} / key {options.tls_key}: {exc}"
+            ) from None
+    instance = Instance(options, credentials)
+    instance.prepare_volume()
+    try:
+        server = AgentServer(instance, options.listen, options.port, context)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot listen on {options.listen}:{options.port} ({exc.strerror}): choose another --port"
+        ) from None
+    wal_service = _wal_service(options)
+    server.start()
+    log.info(
+        "agent of %s/%s serving %s on %s:%d (PostgreSQL port %d, data %s)",
+        options.cluster,
+        options.member,
+        "HTTP" if options.no_tls else "HTTPS",
+        options.listen,
+        server.port,
+        options.pg_port,
+        options.pgdata,
+    )
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        if not stop.is_set():
+            log.info("%s received", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    threading.Thread(target=instance.boot, name="boot", daemon=True).start()
+    reaper = OrphanReaper() if os.getpid() == 1 else None
+    while not stop.wait(1.0):
+        if reaper is not None:
+            reaper.reap(keep=instance.postmaster.pid)
+    instance.terminate()
+    server.stop()
+    if wal_service is not None:
+        wal_service.stop()
+    log.info("agent stopped")
+    return 0
+
+
+def _wal_service(options: AgentOptions) -> WalService | None:
+    """The WAL service restore_command asks first (see walservice.py); only with a store."""
+    if not options.store:
+        return None
+    from pgherd_backup.store import S3Settings, Store, StoreLocation
+    from pgherd_backup.walservice import WalService
+
+    store = Store(StoreLocation.parse(options.store, options.cluster), S3Settings.from_env())
+    return WalService(store, options.wal_socket, options.volume).start()

@@ -1,0 +1,170 @@
+"""Seed an empty data directory as the operator says, then start it in the role that goes with it:
+initdb (a new cluster's first member: the one start as a primary the agent makes without a later order,
+because this order asks for exactly that), pg_basebackup from an upstream (a standby of it), or a
+snapshot (a standby of the upstream, or without one a targeted recovery that promotes at its end).
+
+Never on the agent's own initiative, and never into a directory that holds anything.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+from pgherd_backup.agent.instance import Instance, Refused, StartRole
+from pgherd_backup.errors import UsageError
+from pgherd_backup.manifest import parse_time
+from pgherd_backup.postgres.config import Setting, update_pgherd_conf
+from pgherd_backup.postgres.process import give_to_pg, make_pg_dir
+from pgherd_backup.postgres.seed import basebackup_seed, initdb, is_empty, snapshot_seed
+
+log = logging.getLogger("pgherd.agent")
+
+METHODS = ("initdb", "basebackup", "snapshot")
+
+
+@dataclass(frozen=True)
+class Seeded:
+    method: str
+    detail: str
+
+
+def recovery_target(target: str | None) -> dict[str, Setting]:
+    """Settings for a target given as `time:<ISO 8601>`, `lsn:<lsn>` or `immediate`."""
+    from pgherd_backup.restore import RecoveryTarget
+
+    if not target:
+        return {}
+    kind, _, value = target.partition(":")
+    try:
+        if kind == "time":
+            settings = RecoveryTarget(time=parse_time(value)).settings()
+        elif kind == "lsn":
+            settings = RecoveryTarget(lsn=value).settings()
+        elif kind == "immediate":
+            settings = RecoveryTarget(immediate=True).settings()
+        else:
+            raise UsageError(
+                f"invalid recovery target {target!r}: expected time:<ISO 8601>, lsn:<lsn> or immediate"
+            )
+    except ValueError as exc:
+        raise UsageError(f"invalid recovery target {target!r}: {exc}") from None
+    return {**settings, "recovery_target_action": "promote"}
+
+
+def seed_and_start(
+    inst: Instance, method: str, upstream: str | None, snapshot: str | None, target: str | None, token: int
+) -> Seeded:
+    pgdata = inst.pgdata
+    if not is_empty(pgdata):
+        return Seeded("none", f"{pgdata} already holds data: nothing seeded")
+    if method not in METHODS:
+        raise UsageError(f"unknown seed method {method!r}: expected one of {', '.join(METHODS)}")
+    inst.check(token)
+    make_pg_dir(inst.options.volume, mode=0o755)
+    log.info("seeding %s by %s", pgdata, method)
+    if method == "initdb":
+        _initdb(inst)
+        inst.record(token, fenced=False, demoted=False, upstream=None)
+        inst.start(StartRole.PRIMARY, token)
+        _create_roles(inst)
+        return Seeded("initdb", "a new cluster: started as its primary")
+    if method == "basebackup":
+        if not upstream:
+            raise UsageError("seed by basebackup needs an upstream (host:port or a conninfo)")
+        basebackup_seed(
+            pgdata,
+            inst.conninfo(upstream),
+            bins=inst.bins,
+            settings=inst.settings(),
+            primary_conninfo=inst.conninfo(upstream),
+            restore_command=inst.restore_command(),
+        )
+        inst.record(token, fenced=False, demoted=False, upstream=upstream)
+        inst.start(StartRole.STANDBY, token, upstream=upstream)
+        return Seeded("basebackup", "cloned; started as a standby")
+    return _snapshot(inst, upstream, snapshot, target, token)
+
+
+def _initdb(inst: Instance) -> None:
+    options, credentials = inst.options, inst.credentials
+    password = credentials.superuser_password.value() if credentials.superuser_password else None
+    hba = list(options.hba)
+    if not hba and password is not None:
+        # Remote connections (other members, the operator) authenticate by password; the Unix socket,
+        # in a directory only the PostgreSQL account reaches, stays trusted for the agent itself.
+        hba = ["host all all all scram-sha-256", "host replication all all scram-sha-256"]
+    initdb(
+        inst.pgdata,
+        bins=inst.bins,
+        settings=inst.settings(),
+        superuser=options.superuser,
+        password=password,
+        auth_local="trust",
+        auth_host="scram-sha-256" if password is not None else "trust",
+        hba_lines=hba,
+    )
+
+
+def _create_roles(inst: Instance) -> None:
+    """The replication account (when it is not the superuser) and the application's owner and database."""
+    options, credentials = inst.options, inst.credentials
+    inst.wait_accepting(inst.options.start_timeout)
+    with inst.connect(timeout=5, statement_timeout=60) as conn:
+        if options.replication_role != options.superuser:
+            _ensure_role(conn, options.replication_role, credentials.replication_password, "REPLICATION")
+        if options.app_user:
+            _ensure_role(conn, options.app_user, credentials.app_password, "")
+            database = options.app_database or options.app_user
+            if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone():
+                conn.execute(
+                    sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                        sql.Identifier(database), sql.Identifier(options.app_user)
+                    )
+                )
+
+
+def _ensure_role(conn: psycopg.Connection[object], name: str, secret: object, attributes: str) -> None:
+    from pgherd_backup.agent.credentials import SecretFile
+
+    if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone():
+        return
+    query = sql.SQL("CREATE ROLE {} LOGIN " + attributes).format(sql.Identifier(name))
+    if isinstance(secret, SecretFile):
+        query = sql.SQL("{} PASSWORD {}").format(query, sql.Literal(secret.value()))
+    conn.execute(query)
+
+
+def _snapshot(
+    inst: Instance, upstream: str | None, snapshot: str | None, target: str | None, token: int
+) -> Seeded:
+    from pgherd_backup.store import S3Settings, Store, StoreLocation
+
+    options = inst.options
+    if not options.store:
+        raise Refused(
+            "seed from a snapshot needs the agent's --store (and S3 credentials in its environment)"
+        )
+    targeted = recovery_target(target) if not upstream else {}
+    store = Store(StoreLocation.parse(options.store, options.cluster), S3Settings.from_env())
+    manifest = snapshot_seed(
+        inst.pgdata,
+        store,
+        snapshot=snapshot or "latest",
+        settings=inst.settings(),
+        primary_conninfo=inst.conninfo(upstream) if upstream else None,
+        agent=inst.agent_executable,
+    )
+    give_to_pg(inst.pgdata, recursive=True)
+    if upstream:
+        inst.record(token, fenced=False, demoted=False, upstream=upstream)
+        inst.start(StartRole.STANDBY, token, upstream=upstream)
+        return Seeded("snapshot", f"restored snapshot {manifest.id}; started as a standby")
+    if targeted:
+        update_pgherd_conf(inst.pgdata, dict(targeted))
+    inst.record(token, fenced=False, demoted=False, upstream=None)
+    inst.start(StartRole.AS_IS, token)
+    return Seeded("snapshot", f"restored snapshot {manifest.id}; recovering the archive, then it promotes")

@@ -1,0 +1,209 @@
+"""The /status document and the probes' answers.
+
+While PostgreSQL runs, one SQL round trip over the agent's Unix socket; while it is stopped, pg_control
+and the end of valid WAL in pg_wal (cached per file version, see walend.py). Never a guess: what cannot
+be established is null.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from pgherd_backup.agent.instance import VERSION, Instance, describe_upstream
+from pgherd_backup.agent.supervisor import PostmasterState
+from pgherd_backup.agent.wire import Status, WalReceiver, format_lsn, parse_lsn
+from pgherd_backup.errors import BackupError
+from pgherd_backup.postgres.control import read_controldata
+
+_QUERY = """
+SELECT pg_is_in_recovery(),
+       (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_receive_lsn() ELSE pg_current_wal_lsn() END)::text,
+       (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)::text,
+       (CASE WHEN pg_is_in_recovery() THEN (SELECT flushed_lsn FROM pg_stat_wal_receiver)
+             ELSE pg_current_wal_flush_lsn() END)::text,
+       CASE WHEN pg_is_in_recovery() THEN NULL
+            ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int END,
+       (SELECT timeline_id FROM pg_control_checkpoint()),
+       (SELECT status FROM pg_stat_wal_receiver),
+       (SELECT received_tli FROM pg_stat_wal_receiver),
+       (SELECT sender_host FROM pg_stat_wal_receiver),
+       (SELECT sender_port FROM pg_stat_wal_receiver),
+       current_setting('synchronous_standby_names'),
+       (SELECT coalesce(last_failed_time < last_archived_time, last_failed_time IS NULL)
+          FROM pg_stat_archiver),
+       (SELECT max(('x' || substr(name, 1, 8))::bit(32)::int) FROM pg_ls_waldir()
+         WHERE name ~ '^[0-9A-F]{24}$'),
+       (SELECT count(*) > 0 FROM pg_settings WHERE pending_restart),
+       (SELECT system_identifier FROM pg_control_system())::text
+"""
+
+
+@dataclass(frozen=True)
+class Live:
+    """What SQL says about a running member."""
+
+    in_recovery: bool
+    received: int | None
+    replayed: int | None
+    flushed: int | None
+    timeline: int | None
+    receiver: WalReceiver | None
+    sync: str
+    archiving_healthy: bool | None
+    pending_restart: bool
+    system_identifier: str | None
+
+    @property
+    def streaming(self) -> bool:
+        return self.receiver is not None and self.receiver.status == "streaming"
+
+
+def _lsn(text: str | None) -> int | None:
+    return parse_lsn(text) if text else None
+
+
+def query_live(inst: Instance) -> Live | None:
+    if not inst.postmaster.alive:
+        return None
+    try:
+        with inst.connect(timeout=1, statement_timeout=1.5) as conn:
+            row = conn.execute(_QUERY).fetchone()
+    except psycopg.Error:
+        return None
+    assert row is not None
+    (
+        in_recovery,
+        received,
+        replayed,
+        flushed,
+        wal_tli,
+        checkpoint_tli,
+        receiver,
+        received_tli,
+        sender_host,
+        sender_port,
+        sync,
+        archiving,
+        waldir_tli,
+        pending,
+        system_id,
+    ) = row
+    replayed_lsn = _lsn(replayed)
+    if in_recovery:
+        # The newest timeline it holds WAL for: its receiver's, else its newest WAL segment's; its last
+        # restartpoint (pg_control) can lag a followed promotion for long (same rule as the sandbox's).
+        timeline = max((t for t in (received_tli, checkpoint_tli, waldir_tli) if t is not None), default=None)
+    else:
+        timeline = wal_tli or checkpoint_tli
+    wal_receiver = None
+    if receiver is not None:
+        where = f"{sender_host}:{sender_port}" if sender_host else None
+        wal_receiver = WalReceiver(status=receiver, upstream=where, received_timeline=received_tli)
+    return Live(
+        in_recovery=bool(in_recovery),
+        received=_lsn(received) or replayed_lsn,
+        replayed=replayed_lsn,
+        flushed=_lsn(flushed),
+        timeline=timeline,
+        receiver=wal_receiver,
+        sync=sync or "",
+        archiving_healthy=None if in_recovery else archiving,
+        pending_restart=bool(pending),
+        system_identifier=system_id,
+    )
+
+
+def readiness(inst: Instance, live: Live | None) -> tuple[bool, str]:
+    """Accepting connections in its role: a primary writable and not fenced; a replica streaming, its
+    replay within --ready-lag-bytes of what it received."""
+    if live is None:
+        return False, f"PostgreSQL is {inst.postmaster.state.value} and does not answer"
+    if inst.state.fenced:
+        return False, "fenced"
+    if not live.in_recovery:
+        return True, "primary"
+    if not live.streaming:
+        return False, "replica not streaming"
+    lag = (live.received or 0) - (live.replayed or 0)
+    if lag > inst.options.ready_lag_bytes:
+        return False, f"replica replay lag {lag} bytes"
+    return True, "replica streaming"
+
+
+def _fmt(value: int | None) -> str | None:
+    return None if value is None else format_lsn(value)
+
+
+def gather(inst: Instance) -> Status:
+    live = query_live(inst)
+    state = inst.settings_snapshot()
+    pm = inst.postmaster
+    ready, _ = readiness(inst, live)
+    common: dict[str, Any] = {
+        "member": inst.options.member,
+        "cluster": inst.options.cluster,
+        "postmaster": pm.state.value,
+        "postmaster_since": pm.since.isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "ready": ready,
+        "upstream": describe_upstream(state["upstream"]),
+        "fenced": state["fenced"],
+        "demoted": state["demoted"],
+        # False only when it positively holds no data: never while an action may be replacing it.
+        "data_present": inst.data_present() or inst.action_name is not None,
+        "kept_aside": tuple(state["kept_aside"]),
+        "revision": state["revision"],
+        "terminating": inst.terminating,
+        "crashes": state["crashes"],
+        "last_crash_at": state["last_crash_at"],
+        "last_error": inst.last_error,
+        "action": inst.action_name,
+        "pg_port": inst.options.pg_port,
+        "agent_version": VERSION,
+    }
+    if live is not None:
+        held = max((v for v in (live.received, live.replayed, live.flushed) if v is not None), default=None)
+        if live.in_recovery and not live.streaming and live.timeline is not None:
+            # Not streaming (restarted, or the upstream is gone): what it received says little; the valid
+            # WAL in its pg_wal says what it has.
+            end = inst.wal.end(inst.pgdata, live.timeline)
+            if end is not None:
+                held = max(held or 0, end.lsn)
+        if not live.in_recovery:
+            held = live.flushed  # a primary holds what it flushed, not what it inserted
+        return Status(
+            **common,
+            role="replica" if live.in_recovery else "primary",
+            timeline=live.timeline,
+            received_lsn=_fmt(live.received),
+            replayed_lsn=_fmt(live.replayed),
+            flushed_lsn=_fmt(live.flushed),
+            held_lsn=_fmt(held),
+            wal_receiver=live.receiver,
+            pending_restart=live.pending_restart,
+            synchronous_standby_names=live.sync,
+            archiving_healthy=live.archiving_healthy,
+            system_identifier=live.system_identifier,
+        )
+    if pm.state is PostmasterState.STOPPED and (inst.pgdata / "global" / "pg_control").exists():
+        return Status(**common, **_stopped(inst))
+    return Status(**common)
+
+
+def _stopped(inst: Instance) -> dict[str, Any]:
+    """A stopped member: where its WAL ends and how it shut down (its final state, for a fence)."""
+    try:
+        control = read_controldata(inst.pgdata, inst.bins)
+    except BackupError:
+        return {}
+    end = inst.wal.end(inst.pgdata)
+    final = _fmt(end.lsn) if end is not None else None
+    return {
+        "timeline": end.timeline if end is not None else control.timeline,
+        "held_lsn": final,
+        "final_lsn": final,
+        "shutdown_clean": control.cleanly_shut_down,
+        "system_identifier": control.system_id,
+    }

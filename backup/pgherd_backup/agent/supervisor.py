@@ -1,0 +1,252 @@
+"""PostgreSQL as the agent's child: started directly (`postgres -D`), reaped by a watcher thread, and
+reported as crashed when it exits without having been asked to.
+
+The gate: `start(may_start)` evaluates `may_start` under the same lock that `stop` takes, so an order
+that forbids starting (a fence) and then stops the child can never be overtaken by a start decided
+before it: either the start sees the fence and refuses, or the stop that follows the fence finds the
+child and stops it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+
+from pgherd_backup.errors import PostgresError
+from pgherd_backup.postgres import postmaster
+from pgherd_backup.postgres.binaries import PgBinaries
+from pgherd_backup.postgres.process import give_to_pg, pg_popen
+
+log = logging.getLogger("pgherd.agent")
+
+# postmaster.pid's 8th line (PM_STATUS): what pg_ctl -w waits for
+_PID_STATUS_LINE = 7
+_ACCEPTING = ("ready", "standby")
+_SIGNALS = {"smart": signal.SIGTERM, "fast": signal.SIGINT, "immediate": signal.SIGQUIT}
+
+
+class PostmasterState(StrEnum):
+    STOPPED = "stopped"
+    STARTING = "starting"  # spawned, not yet accepting connections (recovery to consistency)
+    RUNNING = "running"
+    CRASHED = "crashed"  # exited without being asked; the agent restarts it read-only
+
+
+class StartRefused(Exception):
+    """The gate said no (fenced, shutting down): nothing was started."""
+
+
+def pid_file_status(pgdata: Path) -> str | None:
+    try:
+        lines = (pgdata / "postmaster.pid").read_text().split("\n")
+    except OSError:
+        return None
+    return lines[_PID_STATUS_LINE].strip() if len(lines) > _PID_STATUS_LINE else None
+
+
+def _log_tail(path: Path, lines: int = 6) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return " | ".join(text.strip().splitlines()[-lines:])
+
+
+@dataclass
+class _Child:
+    proc: subprocess.Popen[bytes]
+    exited: threading.Event = field(default_factory=threading.Event)
+    asked_to_stop: bool = False
+
+
+class PostmasterChild:
+    """One data directory's postmaster, as a child of this process."""
+
+    def __init__(
+        self,
+        pgdata: Path,
+        *,
+        bins: PgBinaries,
+        log_file: Path,
+        env: Callable[[], Mapping[str, str]],
+        on_crash: Callable[[int], None],
+    ) -> None:
+        self.pgdata = pgdata
+        self.bins = bins
+        self.log_file = log_file
+        self._env = env
+        self._on_crash = on_crash
+        self._lock = threading.RLock()
+        self._child: _Child | None = None
+        self.state = PostmasterState.STOPPED
+        self.since = datetime.now(UTC)
+        self.last_exit: int | None = None
+
+    # -- observation --------------------------------------------------------------------------------
+    @property
+    def pid(self) -> int | None:
+        with self._lock:
+            return self._child.proc.pid if self._child is not None else None
+
+    @property
+    def alive(self) -> bool:
+        with self._lock:
+            return self._child is not None and not self._child.exited.is_set()
+
+    def _set(self, state: PostmasterState) -> None:
+        if state is not self.state:
+            self.state = state
+            self.since = datetime.now(UTC)
+
+    # -- start --------------------------------------------------------------------------------------
+    def start(self, may_start: Callable[[], str | None], *, timeout: float) -> bool:
+        """Start PostgreSQL as the data directory says (standby.signal...) unless it runs already;
+        wait until it accepts connections. Returns False when it was running already.
+        StartRefused when `may_start()` gives a reason; PostgresError when it does not come up (still
+        recovering after `timeout` is not an error: the state stays `starting`)."""
+        with self._lock:
+            if self._child is not None and not self._child.exited.is_set():
+                return False
+            refusal = may_start()
+            if refusal is not None:
+                raise StartRefused(refusal)
+            self._stop_stray()
+            child = self._spawn()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if child.exited.is_set():
+                if child.asked_to_stop:
+                    raise StartRefused("it was stopped while starting")
+                raise PostgresError(
+                    f"PostgreSQL exited while starting on {self.pgdata} (exit {child.proc.returncode}); "
+                    f"last log lines: {_log_tail(self.log_file)}"
+                )
+            if pid_file_status(self.pgdata) in _ACCEPTING:
+                with self._lock:
+                    if child is self._child and self.state is PostmasterState.STARTING:
+                        self._set(PostmasterState.RUNNING)
+                return True
+            time.sleep(0.05)
+        log.warning(
+            "PostgreSQL on %s does not accept connections after %.0fs (still recovering?)",
+            self.pgdata,
+            timeout,
+        )
+        return True
+
+    def _spawn(self) -> _Child:
+        self.log_file.touch(exist_ok=True)
+        give_to_pg(self.log_file)
+        with self.log_file.open("ab") as out:
+            proc = pg_popen(
+                [self.bins.postgres, "-D", str(self.pgdata)],
+                env=self._env(),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                # Its own session: a terminal's Ctrl-C reaches the agent only, which decides how to stop it.
+                start_new_session=True,
+            )
+        child = _Child(proc)
+        self._child = child
+        self._set(PostmasterState.STARTING)
+        log.info("PostgreSQL started on %s (pid %d)", self.pgdata, proc.pid)
+        threading.Thread(target=self._watch, args=(child,), name="postmaster-watch", daemon=True).start()
+        return child
+
+    def _watch(self, child: _Child) -> None:
+        code = child.proc.wait()
+        with self._lock:
+            crashed = not child.asked_to_stop
+            if child is self._child:
+                self.last_exit = code
+                self._set(PostmasterState.CRASHED if crashed else PostmasterState.STOPPED)
+            child.exited.set()
+        if crashed:
+            self._on_crash(code)
+
+    def _stop_stray(self) -> None:
+        """A postmaster this agent did not start (a previous agent's, killed without its child) runs on
+        the data directory: stop it, so that the start below decides the role."""
+        stray = postmaster.postmaster_pid(self.pgdata)
+        if stray is None:
+            return
+        log.warning(
+            "a PostgreSQL this agent did not start runs on %s (pid %d): stopping it", self.pgdata, stray
+        )
+        try:
+            postmaster.stop(self.pgdata, bins=self.bins, mode="fast", timeout=30)
+        except PostgresError:
+            postmaster.kill(self.pgdata)
+
+    # -- stop ---------------------------------------------------------------------------------------
+    def stop(self, mode: str = "fast", *, timeout: float) -> bool:
+        """Ask the child to stop (`smart`, `fast`, `immediate`); True once it is gone (also when it was
+        not running), False if it is still there after `timeout`."""
+        with self._lock:
+            child = self._child
+            if child is None or child.exited.is_set():
+                return True
+            child.asked_to_stop = True
+            with contextlib.suppress(ProcessLookupError):
+                child.proc.send_signal(_SIGNALS[mode])
+        return child.exited.wait(timeout)
+
+    def shutdown(self, *, stop_timeout: float) -> None:
+        """Fast shutdown (clean: connected standbys receive everything), immediate after
+        `stop_timeout`, SIGKILL of the whole process group if even that hangs."""
+        if self.stop("fast", timeout=stop_timeout):
+            return
+        log.warning(
+            "fast shutdown of %s did not finish in %.0fs: immediate shutdown", self.pgdata, stop_timeout
+        )
+        if self.stop("immediate", timeout=stop_timeout):
+            return
+        with self._lock:
+            child = self._child
+        if child is not None and not child.exited.is_set():
+            log.error("PostgreSQL on %s ignores immediate shutdown: killing it", self.pgdata)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.proc.pid, signal.SIGKILL)
+            child.exited.wait(10)
+
+
+class OrphanReaper:
+    """As PID 1 of a container the agent inherits every orphan (the backends of a killed postmaster, the
+    shell of an archive_command whose parent died) and must reap them, or they stay zombies. Only zombies
+    seen on two passes are reaped: the agent's own children (subprocess, the postmaster's watcher) are
+    waited for at once by their owner, never left that long."""
+
+    def __init__(self) -> None:
+        self._seen: set[int] = set()
+
+    def reap(self, keep: int | None = None) -> int:
+        me = os.getpid()
+        zombies: set[int] = set()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2 :].split()
+            if len(fields) > 1 and fields[0] == "Z" and int(fields[1]) == me:
+                zombies.add(int(entry.name))
+        reaped = 0
+        for pid in (zombies & self._seen) - {keep}:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+                reaped += 1
+        self._seen = zombies
+        return reaped

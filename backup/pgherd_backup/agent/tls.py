@@ -1,0 +1,203 @@
+"""The agent's TLS: a per-cluster CA, one server certificate per member, and the SSL contexts.
+
+The CA signs only its cluster's agents, so an operator trusting one cluster's CA cannot be answered by
+another cluster's member. Keys are ECDSA P-256: small, and made in milliseconds.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import ssl
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+CA_DAYS = 3650
+SERVER_DAYS = 825  # the longest validity clients commonly accept for a server certificate
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write `data` readable by its owner only (0600), atomically."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def make_ca(cluster: str, *, days: int = CA_DAYS) -> tuple[bytes, bytes]:
+    """A new CA for `cluster`: (certificate PEM, private key PEM)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "pgherd"),
+            x509.NameAttribute(NameOID.COMMON_NAME, f"pgherd agents of {cluster}"),
+        ]
+    )
+    now = _now()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
+
+
+def server_names(
+    member: str, *, ips: Iterable[str] = (), dns: Iterable[str] = (), headless_service: str | None = None
+) -> tuple[list[str], list[str]]:
+    """The names a member's certificate carries: (DNS names, IP addresses). Always the member name,
+    localhost and 127.0.0.1 (the sandbox, and a probe from inside the pod); with a headless Service
+    `<member>.<service>` (and `.svc` forms when the service is given as `<service>.<namespace>`)."""
+    names = [member, "localhost"]
+    if headless_service:
+        names.append(f"{member}.{headless_service}")
+        if "." in headless_service:
+            names.append(f"{member}.{headless_service}.svc")
+    names.extend(dns)
+    addresses = ["127.0.0.1", *ips]
+    return list(dict.fromkeys(names)), list(dict.fromkeys(addresses))
+
+
+def make_server_cert(
+    ca_cert_pem: bytes,
+    ca_key_pem: bytes,
+    member: str,
+    *,
+    ips: Iterable[str] = (),
+    dns: Iterable[str] = (),
+    headless_service: str | None = None,
+    days: int = SERVER_DAYS,
+) -> tuple[bytes, bytes]:
+    """A server certificate for `member`, signed by the cluster CA: (certificate PEM, key PEM)."""
+    ca_cert = x509.load_pem_x509_certificate(ca_cert_pem)
+    ca_key = serialization.load_pem_private_key(ca_key_pem, password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise ValueError("the CA key is not an ECDSA key made by `pgherd instance certs`")
+    key = ec.generate_private_key(ec.SECP256R1())
+    dns_names, addresses = server_names(member, ips=ips, dns=dns, headless_service=headless_service)
+    alt_names: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
+    alt_names += [x509.IPAddress(ipaddress.ip_address(a)) for a in addresses]
+    now = _now()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(
+            x509.Name(
+                [
+                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, "pgherd"),
+                    x509.NameAttribute(NameOID.COMMON_NAME, member),
+                ]
+            )
+        )
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
+
+
+@dataclass(frozen=True)
+class IssuedFiles:
+    ca_cert: Path
+    ca_key: Path
+    members: dict[str, tuple[Path, Path]]  # member -> (certificate, key)
+
+
+def issue(
+    out: Path,
+    cluster: str,
+    members: Iterable[str] = (),
+    *,
+    ips: Iterable[str] = (),
+    dns: Iterable[str] = (),
+    headless_service: str | None = None,
+) -> IssuedFiles:
+    """Files in `out` (0700, each 0600): `ca.crt`, `ca.key` (kept when they exist, so that members
+    added later share the CA), `<member>.crt`, `<member>.key` (made again each time)."""
+    out.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(out, 0o700)
+    ca_cert, ca_key = out / "ca.crt", out / "ca.key"
+    if not (ca_cert.exists() and ca_key.exists()):
+        cert_pem, key_pem = make_ca(cluster)
+        write_private(ca_key, key_pem)
+        write_private(ca_cert, cert_pem)
+    issued: dict[str, tuple[Path, Path]] = {}
+    ips, dns = list(ips), list(dns)
+    for member in members:
+        cert_pem, key_pem = make_server_cert(
+            ca_cert.read_bytes(),
+            ca_key.read_bytes(),
+            member,
+            ips=ips,
+            dns=dns,
+            headless_service=headless_service,
+        )
+        write_private(out / f"{member}.key", key_pem)
+        write_private(out / f"{member}.crt", cert_pem)
+        issued[member] = (out / f"{member}.crt", out / f"{member}.key")
+    return IssuedFiles(ca_cert, ca_key, issued)
+
+
+def server_context(cert_file: Path | str, key_file: Path | str) -> ssl.SSLContext:
+    """What the agent serves with: TLS 1.2 at least, its member certificate."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(str(cert_file), str(key_file))
+    return context
+
+
+def client_context(ca_file: Path | str | None) -> ssl.SSLContext:
+    """What the operator connects with: the cluster CA only (never the system's), hostname checked."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if ca_file is not None:
+        context.load_verify_locations(cafile=str(ca_file))
+    return context
