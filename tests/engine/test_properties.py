@@ -54,7 +54,7 @@ class ClusterMachine(RuleBasedStateMachine):
         self.status = EngineStatus()
         self.last: Decision | None = None
         self.last_view: ClusterView | None = None
-        self.pending: list[tuple[ClusterView, EngineStatus, Decision, A.Action]] = []
+        self.pending: list[tuple[PostgresClusterSpec, ClusterView, EngineStatus, Decision, A.Action]] = []
         for _ in range(40):  # bring the cluster up, faults come later
             self._operator_step(apply_all=True)
             self.model.catch_up_all()
@@ -102,7 +102,7 @@ class ClusterMachine(RuleBasedStateMachine):
         self.status = decision.status  # written before any action is applied
         self.last = decision
         count = len(decision.actions) if apply_all else min(applied, len(decision.actions))
-        chosen = [(view, before, decision, action) for action in decision.actions[:count]]
+        chosen = [(self.spec, view, before, decision, action) for action in decision.actions[:count]]
         if late and not apply_all:
             self.pending = chosen
             return
@@ -111,8 +111,15 @@ class ClusterMachine(RuleBasedStateMachine):
         if count == len(decision.actions):
             self._check_after(before, decision)
 
-    def _apply(self, view: ClusterView, before: EngineStatus, decision: Decision, action: A.Action) -> None:
-        self._check_action(view, before, decision, action)
+    def _apply(
+        self,
+        spec: PostgresClusterSpec,
+        view: ClusterView,
+        before: EngineStatus,
+        decision: Decision,
+        action: A.Action,
+    ) -> None:
+        self._check_action(spec, view, before, decision, action)
         self.model.apply(action)
         self.one_writable_primary()
 
@@ -147,11 +154,19 @@ class ClusterMachine(RuleBasedStateMachine):
                 )
 
     def _check_action(
-        self, view: ClusterView, before: EngineStatus, decision: Decision, action: A.Action
+        self,
+        spec: PostgresClusterSpec,
+        view: ClusterView,
+        before: EngineStatus,
+        decision: Decision,
+        action: A.Action,
     ) -> None:
+        """Checks an action against the spec it was decided with (it may be applied late)."""
         model = self.model
-        if isinstance(action, A.Fence | A.StartRestore) or (
-            isinstance(action, A.Promote) and action.member != before.current_primary
+        requested = decision.phase is Phase.RESTORING  # a person's Restore overrides the rollout
+        if not requested and (
+            isinstance(action, A.Fence | A.StartRestore)
+            or (isinstance(action, A.Promote) and action.member != before.current_primary)
         ):
             assert not self._planned_restart(before, view.now), (
                 f"{type(action).__name__} {action} during a planned restart of the primary"
@@ -225,14 +240,14 @@ class ClusterMachine(RuleBasedStateMachine):
             ]
             assert not down, f"restarting {action.member} while {down} restart"
             if node is not None and node.writable:
-                lone = self.spec.instances == 1  # no one to switch over to
-                assert lone or self.spec.upgrade.primary_update_method is PrimaryUpdateMethod.RESTART, (
+                lone = spec.instances == 1  # no one to switch over to
+                assert lone or spec.upgrade.primary_update_method is PrimaryUpdateMethod.RESTART, (
                     "the primary restarted in place with primaryUpdateMethod: switchover"
                 )
                 others = [
                     n for n in model.nodes.values() if n.name != node.name and n.revision != action.revision
                 ]
-                assert not [n for n in others if n.ordinal < self.spec.instances], (
+                assert not [n for n in others if n.ordinal < spec.instances], (
                     "primary restarted before replicas"
                 )
         if isinstance(action, A.DeleteMember):

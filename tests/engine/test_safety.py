@@ -463,3 +463,31 @@ def test_a_promotion_never_observed_is_resumed_when_its_target_returns_read_only
     back = replace(fenced.members[2], timeline=2, upstream=None, wal_receiver_streaming=False)
     decision = decide(spec, with_members(later(vanished, 7), back), recorded.status)
     assert _promotions(decision) == ["pg-2"]
+
+
+def test_a_restore_whose_restored_data_is_lost_fails_instead_of_waiting_forever() -> None:
+    spec, view, status = settled(make_spec(instances=1, backup=STORE))
+    operation = Operation(
+        OperationKind.RESTORE, started_at=NOW, target="pg-0", restore="r", backup="b", plan=("pg-0",)
+    ).at("promote", NOW)
+    view = replace(view, restores=(RestoreView("r", backup="b", phase="Restoring"),))
+    lost = with_members(view, replace(down(view.members[0]), data_present=False, stopped=True))
+    decision = decide(spec, lost, replace(status, operation=operation))
+    assert decision.phase is Phase.FAILED and decision.status.aborted is not None
+    assert [a.phase for a in decision.actions if isinstance(a, A.UpdateRestore)] == ["Failed"]
+
+
+def test_a_member_being_removed_is_never_recloned_then_deleted_with_its_kept_data() -> None:
+    """Found by the model: after a restore of a cluster scaled down meanwhile, one decision re-cloned
+    pg-1 (its data kept aside on its volume) and deleted that volume."""
+    spec, view, status = settled(make_spec(instances=1, backup=STORE))
+    extra = replace(view.members[0], name="pg-1", ordinal=1, role=Role.REPLICA, upstream="pg-0", fenced=True)
+    view = with_members(view, extra)
+    operation = Operation(
+        OperationKind.RESTORE, started_at=NOW, target="pg-0", restore="r", backup="b", plan=("pg-0", "pg-1")
+    ).at("rebuild", NOW)
+    decision = decide(spec, view, replace(status, operation=operation))
+    recloned = {a.member for a in decision.actions if isinstance(a, A.Rejoin) and a.reclone}
+    deleted = {a.member for a in decision.actions if isinstance(a, A.DeleteMember) and not a.keep_data}
+    assert not recloned & deleted
+    assert "pg-1" not in recloned

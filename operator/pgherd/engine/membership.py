@@ -173,10 +173,11 @@ def upkeep(ctx: Context, reclone: frozenset[str] = frozenset()) -> Upkeep:
     for member in ctx.view.existing():
         if member.name == primary.name:
             continue  # the primary never rejoins itself
-        if (member.name in reclone and not member.streams_from(primary.name)) or needs_rejoin(
-            ctx, member, primary.name
-        ):
-            actions.append(_rejoin_action(ctx, member, primary.name, member.name in reclone))
+        # A member being removed is not rebuilt: a re-clone would keep its data aside on the very
+        # volume the scale-down deletes.
+        rebuild = member.name in reclone and ctx.wanted(member.name)
+        if (rebuild and not member.streams_from(primary.name)) or needs_rejoin(ctx, member, primary.name):
+            actions.append(_rejoin_action(ctx, member, primary.name, rebuild))
             notes.append(f"rejoining {member.name}")
         elif not member.reachable and member.name != primary.name:
             notes.append(f"{member.name} unreachable")
@@ -188,7 +189,8 @@ def upkeep(ctx: Context, reclone: frozenset[str] = frozenset()) -> Upkeep:
         if ctx.wanted(member.name) or member.name == primary.name:
             continue
         listed = any(member.name in c.standbys for c in status.possible_sync_configs())
-        if member.name in status.voters or listed:
+        rejoining = any(isinstance(a, Rejoin) and a.member == member.name for a in actions)
+        if member.name in status.voters or listed or rejoining:
             notes.append(f"removing {member.name} from the quorum")
             continue
         # Data kept aside (by a re-clone or a restore) lives on the member's volume: never deleted.

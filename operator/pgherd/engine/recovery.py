@@ -206,6 +206,12 @@ def advance(ctx: Context, operation: Operation) -> Outcome:
         status = replace(status, operation=operation)
     target = ctx.view.member(operation.target)
     if operation.step == "promote":
+        if data_lost(target):
+            error = f"the restored data of {operation.target} was lost before it started"
+            actions.clear()
+            report(RestorePhase.FAILED, error=error)
+            status = replace(status, operation=None, aborted=replace(operation, failed=error))
+            return Outcome(Phase.FAILED, status, tuple(actions), f"{operation.kind} failed: {error}")
         if target is None or not target.reachable:
             return Outcome(
                 phase, status, message=f"waiting for {operation.target} to start after the restore"
