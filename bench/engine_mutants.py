@@ -2,9 +2,9 @@
 
 For every mutant below (one fix of issue #10 taken back, as a textual change of the engine), this
 script copies the source tree to a scratch directory, applies the change, and runs the property search
-(tests/engine/test_properties.py, hypothesis profile ``ci`` by default) with the given seeds. A mutant
-is *found* when the search fails; the report gives, per mutant and seed, the verdict, the assertion
-that caught it and the time taken.
+(tests/engine/test_properties.py with the hypothesis profile ``search``: CI's sizes, from each given
+seed). A mutant is *found* when the search fails; the report gives, per mutant and seed, the verdict,
+the assertion that caught it and the time taken.
 
     .venv/bin/python bench/engine_mutants.py                       # every mutant, seeds 1 and 2
     .venv/bin/python bench/engine_mutants.py --only votes --seeds 1 2 3 --jobs 2
@@ -167,6 +167,12 @@ def _tree(mutant: Mutant) -> Path:
 def run(mutant: Mutant, seed: int, profile: str) -> tuple[str, float, str]:
     scratch = _tree(mutant)
     env = {**os.environ, "HYPOTHESIS_PROFILE": profile, "PYTHONPATH": f"{scratch}/operator:{scratch}/backup"}
+    where = subprocess.run(
+        [sys.executable, "-c", "import pgherd.engine; print(pgherd.engine.__file__)"],
+        cwd=scratch, env=env, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    if not where.startswith(str(scratch)):
+        raise SystemExit(f"the mutated engine is not the one imported ({where.strip()})")
     started = time.monotonic()
     try:
         result = subprocess.run(
@@ -186,7 +192,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", help="mutant names")
     parser.add_argument("--seeds", nargs="*", type=int, default=[1, 2])
-    parser.add_argument("--profile", default="ci")
+    parser.add_argument("--profile", default="search")
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
     chosen = [m for m in MUTANTS if not args.only or m.name in args.only]

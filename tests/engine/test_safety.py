@@ -491,3 +491,22 @@ def test_a_member_being_removed_is_never_recloned_then_deleted_with_its_kept_dat
     deleted = {a.member for a in decision.actions if isinstance(a, A.DeleteMember) and not a.keep_data}
     assert not recloned & deleted
     assert "pg-1" not in recloned
+
+
+def test_a_spec_change_mid_restart_waits_for_the_restart_in_flight() -> None:
+    """Found by the model (a stale view): the image changed again while pg-1 restarted; a view that
+    did not show pg-1 down yet let the new plan restart pg-2 beside it."""
+    _, view, status = settled()
+    first = make_spec(image="img:2")
+    d1 = decide(first, view, status)
+    restarted = [a.member for a in d1.actions if isinstance(a, A.RestartMember)]
+    assert len(restarted) == 1
+    second = make_spec(image="img:3")
+    d2 = decide(second, later(view, 1), d1.status)  # the view still shows every member up
+    assert not [a for a in d2.actions if isinstance(a, A.RestartMember)], d2.message
+    back = with_members(
+        later(view, 30),
+        replace(view.member(restarted[0]), revision=spec_revision(first)),  # type: ignore[arg-type]
+    )
+    d3 = decide(second, back, d2.status)
+    assert [a for a in d3.actions if isinstance(a, A.RestartMember)], d3.message

@@ -90,7 +90,13 @@ def _ready(ctx: Context, member: MemberView) -> bool:
 
 def advance(ctx: Context, operation: Operation) -> Outcome:
     if operation.revision != ctx.revision and operation.step not in switchover.STEPS:
-        # The spec changed again mid-rollout: start over with the new revision's plan.
+        # The spec changed again mid-rollout: start over with the new revision's plan, but only once
+        # the restart in flight is over. The view may not show it yet (a deleted pod still looks
+        # Running for a moment): a new plan at once could restart a second member beside it.
+        inflight = _restart_in_flight(ctx, operation)
+        if inflight is not None:
+            message = f"waiting for {inflight} to come back from its restart before planning again"
+            return Outcome(Phase.UPGRADING, ctx.status, message=message)
         fresh = start(replace(ctx, status=replace(ctx.status, operation=None)))
         return fresh or Outcome(Phase.RUNNING, replace(ctx.status, operation=None))
     status = replace(ctx.status, operation=operation)
@@ -212,6 +218,24 @@ def advance(ctx: Context, operation: Operation) -> Outcome:
         (RestartMember(old_primary, ctx.revision, reason=operation.reason),),
         message=f"restarting the old primary {old_primary}",
     )
+
+
+def _restart_in_flight(ctx: Context, operation: Operation) -> str | None:
+    """The member whose restart this rollout ordered and has not seen come back (ready at the
+    rollout's revision) yet, within STEP_TIMEOUT; None when no restart is in flight."""
+    step = operation.step
+    if step.startswith("restart:"):
+        name: str | None = step.split(":", 1)[1]
+    elif step in ("restart-primary", "restart-old-primary"):
+        name = operation.source
+    else:
+        return None
+    member = ctx.view.member(name)
+    if member is None or not member.exists:
+        return None
+    age = ctx.now - (operation.step_started_at or operation.started_at)
+    back = member.ready and member.revision == operation.revision
+    return None if back or age > STEP_TIMEOUT else name
 
 
 def _gate(ctx: Context, operation: Operation, member: MemberView) -> Outcome | None:
