@@ -63,6 +63,7 @@ class Node:
     unsettled: bool = False  # restarted: received LSN under-reported, WAL end unknown
     flapped: bool = False  # the next observation reports its streaming state wrongly
     data_lost: bool = False
+    terminating: bool = False  # its pod is being deleted: stopped (cleanly) by end_terminations
     sync: SyncConfig = field(default_factory=SyncConfig)
     kept_aside: int = 0
 
@@ -161,6 +162,7 @@ class ModelCluster:
                     shutdown_clean=clean,
                     data_present=not node.data_lost,
                     kept_aside=node.kept_aside,
+                    terminating=seen and node.terminating,
                 )
             )
         return ClusterView(
@@ -310,6 +312,15 @@ class ModelCluster:
         node.data_lost = True
         node.wal = []
         node.role = Role.REPLICA
+
+    def end_terminations(self) -> None:
+        """The grace period ends: a terminating member stops cleanly and its new pod starts read-only."""
+        for node in self.nodes.values():
+            if node.terminating and not node.isolated:
+                node.terminating = False
+                self._stop(node)
+                if not node.fenced:
+                    self._boot(node)
 
     def land_fences(self) -> None:
         """The platform carries out the fences asked (it cannot reach an isolated node)."""

@@ -329,6 +329,17 @@ class ClusterMachine(RuleBasedStateMachine):
         if name is not None:
             self.model.wipe(self.model.nodes[name])
 
+    @rule(node=NODES)
+    def terminate(self, node: int) -> None:
+        """The member's pod is being deleted (drain, eviction): its agent reports it."""
+        name = self._pick(node)
+        if name is not None and self.model.nodes[name].running:
+            self.model.nodes[name].terminating = True
+
+    @rule()
+    def end_terminations(self) -> None:
+        self.model.end_terminations()
+
     @rule()
     def land_fences(self) -> None:
         self.model.land_fences()
@@ -423,6 +434,7 @@ class ClusterMachine(RuleBasedStateMachine):
             node.partitioned = node.isolated = False
             node.unsettled = node.flapped = False
         model.land_fences()
+        model.end_terminations()
         for node in model.nodes.values():
             model.restart(node)
         model.complete_restarts()

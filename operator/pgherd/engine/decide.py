@@ -10,7 +10,8 @@ Routing, in order of precedence:
    and nothing else can have been promoted; a planned in-place restart waited for (never a failover);
    else failure assessment (wait, fail over, or QuorumLost / automatic recovery);
 6. a healthy primary -> membership upkeep (create, rejoin, quorum steps, remove), then a rollout,
-   a switchover away from a primary whose ordinal is being removed, or a requested switchover;
+   a switchover away from a primary whose ordinal is being removed or whose pod is terminating, or a
+   requested switchover;
 7. with a healthy primary, backups (scheduled, Pending -> Running -> Completed/Failed, prune).
 """
 
@@ -103,6 +104,10 @@ def _route(ctx: Context) -> Outcome:
     primary = str(status.current_primary)
     if not ctx.wanted(primary) and after.status.sync_pending is None:
         return _merge(upkeep.outcome, _switchover(after, None, f"{primary} is removed by scale-down"))
+    healthy = ctx.healthy_primary()
+    if healthy is not None and healthy.terminating and after.status.sync_pending is None:
+        # Its pod is being deleted (drain, eviction): hand over before its PostgreSQL stops.
+        return _merge(upkeep.outcome, _switchover(after, None, f"the primary {primary} is terminating"))
     if not upkeep.settled:
         return upkeep.outcome
     started = rollout.start(after)

@@ -37,8 +37,9 @@ def outdated(ctx: Context) -> list[MemberView]:
     return [m for m in ctx.view.existing() if ctx.wanted(m.name) and m.revision not in (None, ctx.revision)]
 
 
-def start(ctx: Context) -> Outcome | None:
-    """Begin a rollout when a member runs another revision (and the last one was not aborted for it)."""
+def start(ctx: Context, first: str | None = None) -> Outcome | None:
+    """Begin a rollout when a member runs another revision (and the last one was not aborted for it).
+    ``first``: a replica whose restart may be in flight, restarted before any other."""
     stale = outdated(ctx)
     aborted = ctx.status.aborted
     if not stale or (
@@ -51,7 +52,7 @@ def start(ctx: Context) -> Outcome | None:
         lag = ctx.lag(member)
         return (-(lag if lag is not None else 1 << 64), member.name)
 
-    replicas = sorted((m for m in stale if m.name != primary), key=lag_key)
+    replicas = sorted((m for m in stale if m.name != primary), key=lambda m: (m.name != first, lag_key(m)))
     plan = tuple(m.name for m in replicas) + ((primary,) if primary in {m.name for m in stale} else ())
     operation = Operation(
         OperationKind.ROLLOUT,
@@ -94,10 +95,18 @@ def advance(ctx: Context, operation: Operation) -> Outcome:
         # the restart in flight is over. The view may not show it yet (a deleted pod still looks
         # Running for a moment): a new plan at once could restart a second member beside it.
         inflight = _restart_in_flight(ctx, operation)
-        if inflight is not None:
-            message = f"waiting for {inflight} to come back from its restart before planning again"
+        age = ctx.now - (operation.step_started_at or operation.started_at)
+        if (
+            inflight == operation.source
+            and operation.step == "restart-primary"
+            and age <= PRIMARY_RESTART_TIMEOUT
+        ):
+            message = (
+                f"waiting for the primary {inflight} to come back from its restart before planning again"
+            )
             return Outcome(Phase.UPGRADING, ctx.status, message=message)
-        fresh = start(replace(ctx, status=replace(ctx.status, operation=None)))
+        # The new plan restarts the member in flight first: it is the only one that may be down.
+        fresh = start(replace(ctx, status=replace(ctx.status, operation=None)), first=inflight)
         return fresh or Outcome(Phase.RUNNING, replace(ctx.status, operation=None))
     status = replace(ctx.status, operation=operation)
     ctx = replace(ctx, status=status)
@@ -222,7 +231,8 @@ def advance(ctx: Context, operation: Operation) -> Outcome:
 
 def _restart_in_flight(ctx: Context, operation: Operation) -> str | None:
     """The member whose restart this rollout ordered and has not seen come back (ready at the
-    rollout's revision) yet, within STEP_TIMEOUT; None when no restart is in flight."""
+    rollout's revision) yet, within STEP_TIMEOUT; None when no restart is in flight. (Perhaps the
+    restart was never applied: an operator crash. Its member is then simply restarted first.)"""
     step = operation.step
     if step.startswith("restart:"):
         name: str | None = step.split(":", 1)[1]

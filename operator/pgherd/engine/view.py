@@ -50,6 +50,8 @@ class MemberView:
     ``data_present``: False only when the platform positively knows the member's data is gone (volume
     lost, data directory missing or empty). Unreachability is never evidence of lost data.
     ``kept_aside``: how many replaced data directories are kept aside on the member's volume.
+    ``terminating``: its agent received SIGTERM (pod deletion, drain, eviction) and, being the primary,
+    waits (bounded by the grace period) for the engine to switch over before it stops PostgreSQL.
     """
 
     name: str
@@ -71,6 +73,7 @@ class MemberView:
     shutdown_clean: bool | None = None
     held_lsn: int | None = None
     kept_aside: int = 0
+    terminating: bool = False
 
     @property
     def most_wal(self) -> int | None:
