@@ -2,8 +2,8 @@
 
 For every mutant below (one fix of issue #10 taken back, as a textual change of the engine), this
 script copies the source tree to a scratch directory, applies the change, and runs the property search
-(tests/engine/test_properties.py with the hypothesis profile ``search``: CI's sizes, from each given
-seed). A mutant is *found* when the search fails; the report gives, per mutant and seed, the verdict,
+(tests/engine/test_properties.py with the hypothesis profile ``hunt``: CI's sizes from each given
+seed, stopping at the first failure without shrinking it). A mutant is *found* when the search fails; the report gives, per mutant and seed, the verdict,
 the assertion that caught it and the time taken.
 
     .venv/bin/python bench/engine_mutants.py                       # every mutant, seeds 1 and 2
@@ -192,7 +192,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", help="mutant names")
     parser.add_argument("--seeds", nargs="*", type=int, default=[1, 2])
-    parser.add_argument("--profile", default="search")
+    parser.add_argument("--profile", default="hunt")
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
     chosen = [m for m in MUTANTS if not args.only or m.name in args.only]

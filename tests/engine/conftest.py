@@ -4,7 +4,8 @@
   reproducible): 2000 random failure sequences of up to 80 steps, about two minutes on 2 cores.
 - search: the same sizes from a chosen seed, to look further than CI does:
   ``HYPOTHESIS_PROFILE=search .venv/bin/pytest tests/engine/test_properties.py --hypothesis-seed=7``
-  (bench/engine_mutants.py uses it to show that the search finds each reverted safety fix).
+- hunt: the search without shrinking (bench/engine_mutants.py: does the search find each reverted
+  safety fix, and how fast).
 - long: ``HYPOTHESIS_PROFILE=long .venv/bin/pytest tests/engine`` -- 5000 sequences of up to 150 steps.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 _QUIET = [HealthCheck.too_slow, HealthCheck.filter_too_much]
 
@@ -26,6 +27,15 @@ settings.register_profile(
 )
 settings.register_profile(
     "search", max_examples=2000, stateful_step_count=80, deadline=None, suppress_health_check=_QUIET
+)
+settings.register_profile(  # the search, stopping at the first failure: no shrinking, no database
+    "hunt",
+    max_examples=2000,
+    stateful_step_count=80,
+    deadline=None,
+    suppress_health_check=_QUIET,
+    phases=[Phase.explicit, Phase.generate],
+    database=None,
 )
 settings.register_profile(
     "long", max_examples=5000, stateful_step_count=150, deadline=None, suppress_health_check=_QUIET

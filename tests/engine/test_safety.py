@@ -531,3 +531,10 @@ def test_a_terminating_primary_in_its_planned_restart_is_not_switched_over() -> 
     decision = decide(spec, terminating, status)
     assert decision.status.operation is not None and decision.status.operation.kind is OperationKind.ROLLOUT
     assert not [a for a in decision.actions if isinstance(a, A.Fence | A.Promote)]
+
+
+def test_a_planned_primary_restart_whose_data_is_lost_aborts_at_once() -> None:
+    spec, view, status = _restart_primary_step()
+    lost = with_members(view, replace(down(view.members[0]), data_present=False, stopped=True))
+    decision = decide(spec, later(lost, 5), status)
+    assert decision.status.aborted is not None and "data is lost" in str(decision.status.aborted.failed)

@@ -25,7 +25,7 @@ from datetime import timedelta
 from pgherd.api.cluster import Phase, PrimaryUpdateMethod
 from pgherd.engine import switchover
 from pgherd.engine.actions import Action, RestartMember
-from pgherd.engine.context import Context, Outcome
+from pgherd.engine.context import Context, Outcome, data_lost
 from pgherd.engine.status import Operation, OperationKind
 from pgherd.engine.view import MemberView
 
@@ -171,6 +171,8 @@ def advance(ctx: Context, operation: Operation) -> Outcome:
                 )
             if operation.step == "restart-primary" and age > PRIMARY_RESTART_TIMEOUT:
                 return _abort(ctx, operation, f"the primary {old_primary} did not come back in time")
+            if data_lost(member):
+                return _abort(ctx, operation, f"the primary {old_primary}'s data is lost")
             if member.revision == ctx.revision:
                 return Outcome(Phase.UPGRADING, status, message=f"waiting for the primary {old_primary}")
             if operation.step != "restart-primary":
@@ -241,7 +243,7 @@ def _restart_in_flight(ctx: Context, operation: Operation) -> str | None:
     else:
         return None
     member = ctx.view.member(name)
-    if member is None or not member.exists:
+    if member is None or not member.exists or data_lost(member):
         return None
     age = ctx.now - (operation.step_started_at or operation.started_at)
     back = member.ready and member.revision == operation.revision
