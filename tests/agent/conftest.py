@@ -3,6 +3,7 @@ real CLI on free ports of 127.0.0.1 (stopped at the end, their PostgreSQL with t
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,6 +33,7 @@ class Agents:
     def cleanup(self) -> None:
         for agent in self.made:
             agent.cleanup()
+        shutil.rmtree(self.root, ignore_errors=True)  # a shared machine: give the disk space back now
 
 
 def _agents(work_root: Path, certs: Certs, label: str) -> Iterator[Agents]:

@@ -17,7 +17,7 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from pgherd_backup.agent.instance import Instance, Refused, StartRole, upstream_params
+from pgherd_backup.agent.instance import Instance, Refused, StartRole, describe_upstream, upstream_params
 from pgherd_backup.agent.seeding import seed_and_start
 from pgherd_backup.agent.status import query_live
 from pgherd_backup.agent.wire import (
@@ -192,6 +192,20 @@ def _wait(predicate: Callable[[], bool], timeout: float) -> bool:
     return predicate()
 
 
+def _require_reachable(inst: Instance, upstream: str) -> None:
+    """A rejoin never starts against an upstream that does not answer: a rewind would fail and the
+    re-clone after it too, leaving the member with its data moved aside and nothing in its place."""
+    try:
+        with psycopg.connect(inst.conninfo(upstream, superuser=True), connect_timeout=5) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise Refused(
+            f"the upstream {describe_upstream(upstream)} does not answer ({first}): nothing was changed; "
+            "ask again once it runs"
+        ) from None
+
+
 def rejoin(inst: Instance, request: RejoinRequest) -> ActionResult:
     """Become a streaming replica of `upstream`: re-point a running replica; else stop, pg_rewind, or
     re-clone (when rewind fails or `reclone` is asked) keeping the replaced data aside."""
@@ -200,6 +214,7 @@ def rejoin(inst: Instance, request: RejoinRequest) -> ActionResult:
         raise Refused("rejoin needs an upstream (host:port or a libpq conninfo)")
     inst.conninfo(upstream)  # refuses an invalid upstream before anything changes
     with inst.action("rejoin"):
+        _require_reachable(inst, upstream)
         token = inst.order()
         state = inst.settings_snapshot()
         role = inst.role() if inst.postmaster.alive else None

@@ -400,8 +400,10 @@ class Instance:
             with self._state_lock:
                 self.epoch += 1
                 newly = not self.state.fenced or self.state.demoted
-                if newly:
-                    self.state.role_at_fence = role or self.state.role_at_fence or self.role_on_disk()
+                if not self.state.fenced:
+                    # The role it had before any fence: a demoted member runs read-only, but Unfence
+                    # resumes what it was before the first fence (a switchover abandoned).
+                    self.state.role_at_fence = role or self.role_on_disk()
                 self.state.fenced, self.state.demoted = True, False
                 self.save()
             self.stop(checkpoint=role == "primary")

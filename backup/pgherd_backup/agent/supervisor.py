@@ -46,12 +46,16 @@ class StartRefused(Exception):
     """The gate said no (fenced, shutting down): nothing was started."""
 
 
-def pid_file_status(pgdata: Path) -> str | None:
+def pid_file_status(pgdata: Path, pid: int) -> str | None:
+    """The postmaster's status in postmaster.pid, if the file is `pid`'s (a killed postmaster leaves its
+    own behind, saying "ready", until the new one replaces it)."""
     try:
         lines = (pgdata / "postmaster.pid").read_text().split("\n")
     except OSError:
         return None
-    return lines[_PID_STATUS_LINE].strip() if len(lines) > _PID_STATUS_LINE else None
+    if len(lines) <= _PID_STATUS_LINE or lines[0].strip() != str(pid):
+        return None
+    return lines[_PID_STATUS_LINE].strip()
 
 
 def _log_tail(path: Path, lines: int = 6) -> str:
@@ -131,7 +135,7 @@ class PostmasterChild:
                     f"PostgreSQL exited while starting on {self.pgdata} (exit {child.proc.returncode}); "
                     f"last log lines: {_log_tail(self.log_file)}"
                 )
-            if pid_file_status(self.pgdata) in _ACCEPTING:
+            if pid_file_status(self.pgdata, child.proc.pid) in _ACCEPTING:
                 with self._lock:
                     if child is self._child and self.state is PostmasterState.STARTING:
                         self._set(PostmasterState.RUNNING)

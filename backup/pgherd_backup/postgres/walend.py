@@ -219,6 +219,9 @@ class WalEndReader:
             f"--path={segment.path.parent}",
             f"--timeline={segment.timeline}",
             f"--start={format_lsn(start)}",
+            # Never past this segment: pg_waldump retries a missing next segment for 5 s (the newest
+            # segment of a base backup, or any that ends with a SWITCH record, is complete).
+            f"--end={format_lsn(segment.start + segment.segment_size)}",
             *extra,
         ]
         try:

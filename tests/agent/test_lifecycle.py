@@ -1,0 +1,107 @@
+"""The agent's own life: crashes restart read-only, its restarts never start read-write, SIGTERM loses
+no acknowledged commit and lets the operator switch a primary over first."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from agent_helpers import MEMBERS, writer
+
+from pgherd_backup.postgres import postmaster
+
+
+def test_a_crashed_primary_comes_back_read_only_at_once_and_the_crash_is_counted(agents):
+    primary = agents(MEMBERS[0], "--seed", "initdb")
+    assert primary.status().role == "primary"
+    primary.sql("CREATE TABLE kept (x int)")
+    primary.sql("INSERT INTO kept VALUES (42)")
+    postmaster.kill(primary.pgdata)  # kill -9 the postmaster and its children
+    primary.wait_until(lambda: primary.status().crashes == 1, "the crash report", timeout=10)
+    primary.wait_until(lambda: primary.status().postmaster == "running", "the restart", timeout=30)
+    status = primary.status()
+    assert status.role == "replica" and status.upstream is None and status.wal_receiver is None
+    assert status.last_crash_at is not None and "unexpectedly" in (status.last_error or "")
+    assert primary.value("SELECT pg_is_in_recovery()")
+    assert primary.value("SELECT x FROM kept") == 42
+    assert primary.client.probe("healthz") == 200
+    assert primary.client.probe("readyz") == 503  # a replica with no upstream streams nothing
+    # the operator's order, and only it, makes it the primary again (a new timeline)
+    promoted = primary.client.promote()
+    assert promoted.changed and promoted.timeline == 2
+    assert not primary.value("SELECT pg_is_in_recovery()")
+
+
+def test_it_never_starts_read_write_on_its_own_across_its_own_restarts(agents):
+    primary = agents(MEMBERS[0], "--seed", "initdb")
+    primary.sql("CREATE TABLE t (x int)")
+    primary.stop()  # SIGTERM: clean shutdown, not fenced
+    assert primary.wait_exit() == 0
+    # the same command again (--seed initdb included): the data directory exists, it starts read-only
+    primary.start()
+    status = primary.status()
+    assert (status.role, status.fenced, status.data_present) == ("replica", False, True)
+    assert primary.value("SELECT pg_is_in_recovery()")
+    # the agent killed outright (its PostgreSQL left running): the next agent stops the stray
+    # postmaster and starts it read-only all the same
+    primary.client.promote()
+    assert primary.status().role == "primary"
+    primary.signal(signal.SIGKILL)
+    primary.wait_exit()
+    assert postmaster.is_running(primary.pgdata)
+    primary.start()
+    assert primary.status().role == "replica"
+    assert primary.value("SELECT pg_is_in_recovery()")
+    assert "did not start" in primary.log
+
+
+def test_sigterm_under_a_write_load_loses_no_acknowledged_commit(agents):
+    primary = agents(MEMBERS[0], "--seed", "initdb")
+    with writer(primary, "acks") as acknowledged:
+        primary.wait_until(lambda: len(acknowledged) > 200, "some acknowledged commits", timeout=60)
+        primary.signal(signal.SIGTERM)
+        assert primary.wait_exit(timeout=60) == 0
+    assert len(acknowledged) > 200
+    primary.start()  # same data directory: read-only, with everything that was acknowledged
+    assert primary.status().role == "replica"
+    stored = {row[0] for row in primary.sql("SELECT id FROM acks")}
+    assert set(acknowledged) <= stored
+    assert "fast shutdown" not in primary.log  # a clean fast shutdown, no escalation
+
+
+def test_sigterm_on_a_primary_reports_terminating_and_waits_for_the_operator(agents):
+    primary = agents(MEMBERS[0], "--seed", "initdb", "--terminate-wait", "60")
+    primary.signal(signal.SIGTERM)
+    primary.wait_until(lambda: primary.status().terminating, "terminating", timeout=10)
+    status = primary.status()
+    assert (status.role, status.postmaster) == ("primary", "running")  # still serving until fenced
+    started = time.monotonic()
+    fenced = primary.client.fence(reason="switchover before the pod goes")
+    assert fenced.shutdown_clean and fenced.final_lsn is not None
+    assert primary.wait_exit(timeout=30) == 0
+    assert time.monotonic() - started < 20  # it went as soon as it was fenced, not after the bound
+
+
+def test_a_terminating_primary_waits_only_as_long_as_it_was_told(agents):
+    primary = agents(MEMBERS[0], "--seed", "initdb", "--terminate-wait", "2")
+    started = time.monotonic()
+    primary.signal(signal.SIGTERM)
+    assert primary.wait_exit(timeout=30) == 0
+    assert 2 <= time.monotonic() - started < 20
+    assert "waiting up to 2s" in primary.log
+    primary.start()
+    status = primary.status()
+    assert (status.role, status.fenced) == ("replica", False)  # not fenced: read-only, ready to be promoted
+
+
+def test_a_replica_shuts_down_at_once_on_sigterm(agents):
+    primary = agents(MEMBERS[0], "--seed", "initdb")
+    replica = agents(
+        MEMBERS[1], "--seed", "basebackup", "--upstream", primary.address, "--terminate-wait", "60"
+    )
+    replica.wait_streaming()
+    started = time.monotonic()
+    replica.signal(signal.SIGTERM)
+    assert replica.wait_exit(timeout=30) == 0
+    assert time.monotonic() - started < 10
+    assert "waiting up to" not in replica.log
