@@ -77,6 +77,7 @@ class Agent:
     port: int = field(default_factory=free_port)
     pg_port: int = field(default_factory=free_port)
     flags: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # added to the environment (S3 credentials)
     process: subprocess.Popen[bytes] | None = None
     logs: list[Path] = field(default_factory=list)
 
@@ -143,7 +144,11 @@ class Agent:
         self.logs.append(log)
         with log.open("wb") as out:
             self.process = subprocess.Popen(
-                [*self.command(), *flags], stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                [*self.command(), *flags],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, **self.env},
             )
         if wait:
             self.wait_until(lambda: self.client.probe("startupz") == 200, "its first start", timeout=90)

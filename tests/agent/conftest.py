@@ -25,8 +25,10 @@ class Agents:
         self.certs = certs
         self.made: list[Agent] = []
 
-    def __call__(self, name: str, *flags: str, start: bool = True, wait: bool = True) -> Agent:
-        agent = Agent(name, self.root / name, self.certs, flags=list(flags))
+    def __call__(
+        self, name: str, *flags: str, start: bool = True, wait: bool = True, env: dict[str, str] | None = None
+    ) -> Agent:
+        agent = Agent(name, self.root / name, self.certs, flags=list(flags), env=env or {})
         self.made.append(agent)
         return agent.start(wait=wait) if start else agent
 

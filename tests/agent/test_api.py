@@ -47,8 +47,18 @@ ANSWERS: list[str] = []
 @pytest.fixture(scope="module")
 def pair(module_agents) -> tuple[Agent, Agent]:
     primary = module_agents(MEMBERS[0], "--seed", "initdb", "--revision", "r1")
+    # the replica holds only the token's digest: the same token opens it
+    digest = str(primary.certs.folder / "token.sha256")
     replica = module_agents(
-        MEMBERS[1], "--seed", "basebackup", "--upstream", primary.address, "--revision", "r1"
+        MEMBERS[1],
+        "--seed",
+        "basebackup",
+        "--upstream",
+        primary.address,
+        "--revision",
+        "r1",
+        "--token-file",
+        digest,
     )
     replica.wait_streaming()
     return primary, replica

@@ -361,7 +361,8 @@ class Instance:
         to write), then fast shutdown, immediate after --stop-timeout."""
         if not self.postmaster.alive:
             return
-        if checkpoint and self.role() == "primary":
+        running = self.postmaster.state is PostmasterState.RUNNING  # not starting: it would not answer
+        if checkpoint and running and self.role() == "primary":
             try:
                 with self.connect(timeout=1, statement_timeout=self.options.stop_timeout) as conn:
                     conn.execute("CHECKPOINT")

@@ -71,6 +71,9 @@ class _Child:
     proc: subprocess.Popen[bytes]
     exited: threading.Event = field(default_factory=threading.Event)
     asked_to_stop: bool = False
+    # While `start` waits for it, an exit is that start's failure (it raises), not a crash to report:
+    # a crash restart that fails must not spawn another restart.
+    starter_waiting: bool = True
 
 
 class PostmasterChild:
@@ -92,7 +95,7 @@ class PostmasterChild:
         self._on_crash = on_crash
         self._lock = threading.RLock()
         self._child: _Child | None = None
-        self.state = PostmasterState.STOPPED
+        self._state = PostmasterState.STOPPED
         self.since = datetime.now(UTC)
         self.last_exit: int | None = None
 
@@ -107,9 +110,23 @@ class PostmasterChild:
         with self._lock:
             return self._child is not None and not self._child.exited.is_set()
 
+    @property
+    def state(self) -> PostmasterState:
+        """Its state; a start that stopped waiting (a long recovery) becomes running once it accepts."""
+        with self._lock:
+            child = self._child
+            if (
+                self._state is PostmasterState.STARTING
+                and child is not None
+                and not child.starter_waiting
+                and pid_file_status(self.pgdata, child.proc.pid) in _ACCEPTING
+            ):
+                self._set(PostmasterState.RUNNING)
+            return self._state
+
     def _set(self, state: PostmasterState) -> None:
-        if state is not self.state:
-            self.state = state
+        if state is not self._state:
+            self._state = state
             self.since = datetime.now(UTC)
 
     # -- start --------------------------------------------------------------------------------------
@@ -126,6 +143,13 @@ class PostmasterChild:
                 raise StartRefused(refusal)
             self._stop_stray()
             child = self._spawn()
+        try:
+            return self._wait_accepting(child, timeout)
+        finally:
+            with self._lock:
+                child.starter_waiting = False
+
+    def _wait_accepting(self, child: _Child, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if child.exited.is_set():
@@ -137,7 +161,7 @@ class PostmasterChild:
                 )
             if pid_file_status(self.pgdata, child.proc.pid) in _ACCEPTING:
                 with self._lock:
-                    if child is self._child and self.state is PostmasterState.STARTING:
+                    if child is self._child and self._state is PostmasterState.STARTING:
                         self._set(PostmasterState.RUNNING)
                 return True
             time.sleep(0.05)
@@ -172,11 +196,12 @@ class PostmasterChild:
         code = child.proc.wait()
         with self._lock:
             crashed = not child.asked_to_stop
+            report = crashed and not child.starter_waiting
             if child is self._child:
                 self.last_exit = code
                 self._set(PostmasterState.CRASHED if crashed else PostmasterState.STOPPED)
             child.exited.set()
-        if crashed:
+        if report:
             self._on_crash(code)
 
     def _stop_stray(self) -> None:

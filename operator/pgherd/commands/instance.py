@@ -63,7 +63,11 @@ def _register_run(commands: argparse._SubParsersAction[argparse.ArgumentParser])
     add("--tls-cert", kind=Path, help="the member's server certificate (PEM)")
     add("--tls-key", kind=Path, help="its private key (PEM)")
     add("--tls-ca", kind=Path, help="the cluster CA (PEM): documents which CA the operator trusts")
-    add("--token-file", kind=Path, help="the operator's bearer token (a file, e.g. a mounted Secret)")
+    add(
+        "--token-file",
+        kind=Path,
+        help="the operator's bearer token, or its digest sha256:<hex> (a file, e.g. a mounted Secret)",
+    )
     group.add_argument(
         "--no-tls",
         action="store_true",
@@ -203,8 +207,9 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _certs(args: argparse.Namespace) -> int:
+    from pgherd_backup.agent.auth import token_digest
     from pgherd_backup.agent.credentials import ensure_secret
-    from pgherd_backup.agent.tls import issue
+    from pgherd_backup.agent.tls import issue, write_private
 
     issued = issue(
         args.out, args.cluster, args.member, ips=args.ip, dns=args.dns, headless_service=args.headless_service
@@ -214,6 +219,11 @@ def _certs(args: argparse.Namespace) -> int:
         path = args.out / name
         ensure_secret(path)
         secrets[name] = str(path)
+    # The members may hold only the token's digest (--token-file accepts either): the operator alone
+    # then holds the credential its requests carry.
+    digest = args.out / "token.sha256"
+    write_private(digest, (token_digest((args.out / "token").read_text()) + "\n").encode())
+    secrets["tokenDigest"] = str(digest)
     summary = {
         "ca": str(issued.ca_cert),
         "caKey": str(issued.ca_key),
