@@ -55,6 +55,7 @@ class ClusterMachine(RuleBasedStateMachine):
         self.last: Decision | None = None
         self.last_view: ClusterView | None = None
         self.pending: list[tuple[PostgresClusterSpec, ClusterView, EngineStatus, Decision, A.Action]] = []
+        self.owed: str | None = None  # an aborted operation's old primary, owed a writable primary
         for _ in range(40):  # bring the cluster up, faults come later
             self._operator_step(apply_all=True)
             self.model.catch_up_all()
@@ -144,14 +145,30 @@ class ClusterMachine(RuleBasedStateMachine):
         return bool(self.model.now - operation.step_started_at <= PRIMARY_RESTART_TIMEOUT)
 
     def _check_after(self, before: EngineStatus, decision: Decision) -> None:
-        """After every action of a decision was applied."""
+        """After every action of a decision was applied. An aborted operation must leave a writable
+        primary when its old primary is available: at once, or after the next full pass (the old
+        primary may have come back read-only meanwhile, and is then promoted in place)."""
+        owed, self.owed = self.owed, None
+        if owed is not None and self._available(owed):
+            assert self.model.writable_nodes(), f"an aborted operation left no writable primary ({owed})"
         aborted = decision.status.aborted
-        if aborted is not None and aborted is not before.aborted and aborted.source is not None:
-            old = self.model.nodes.get(aborted.source)
-            if old is not None and not old.isolated and not old.data_lost and old.restarting_to is None:
-                assert self.model.writable_nodes(), (
-                    f"{aborted.kind} aborted ({aborted.failed}) and left no writable primary"
-                )
+        source = aborted.source if aborted is not None and aborted is not before.aborted else None
+        if source is not None and self._available(source) and not self.model.writable_nodes():
+            self.owed = source
+
+    def _available(self, name: str) -> bool:
+        """The recorded primary could serve again through the engine's own actions: it runs, or the
+        engine itself stopped it (fenced); its host and volume are fine and the operator sees it. A
+        crashed member (stopped, not fenced) excuses the engine: only the platform restarts it."""
+        node = self.model.nodes.get(name)
+        return (
+            node is not None
+            and (node.running or node.fenced)
+            and not (node.isolated or node.partitioned or node.data_lost)
+            and node.restarting_to is None
+            and not node.terminating
+            and self.status.current_primary == name
+        )
 
     def _check_action(
         self,

@@ -65,7 +65,7 @@ def test_scale_down_by_two_voters_keeps_the_only_holders_of_an_acknowledged_comm
     view, status, _ = _run(spec3, view, status, 30)
     assert "pg-3" in status.voters, "pg-3, a holder of the commit, left the voters while pg-1/pg-2 lag"
     # pg-0 crashes: whatever the engine promotes must hold LSN 2000.
-    dead = with_members(view, down(view.member("pg-0")), *[lost_primary(m) for m in view.members[1:]])  # type: ignore[arg-type]
+    dead = with_members(view, down(view.members[0]), *[lost_primary(m) for m in view.members[1:]])
     for step in range(12):
         decision = decide(spec3, later(dead, step), status)
         status = decision.status
@@ -81,7 +81,7 @@ def test_scale_down_completes_once_a_remaining_replica_holds_the_commits() -> No
     status = replace(status, sync_since_lsn=500)
     spec3 = make_spec(instances=3)
     view, status, _ = _run(spec3, view, status, 10)
-    caught_up = with_members(view, replace(view.member("pg-1"), received_lsn=2000, held_lsn=2000))  # type: ignore[arg-type]
+    caught_up = with_members(view, replace(view.members[1], received_lsn=2000, held_lsn=2000))
     view, status, decisions = _run(spec3, caught_up, status, 30)
     assert status.voters == {"pg-0", "pg-1", "pg-2"}
     assert {m.name for m in view.members} == {"pg-0", "pg-1", "pg-2"}
