@@ -7,8 +7,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pgherd.agentview import parse_sync_standby_names
 from pgherd.engine.quorum import SyncConfig
-from pgherd.local.observe import observe, parse_sync_standby_names
+from pgherd.local.observe import observe
 from pgherd_backup.postgres import config, postmaster, seed
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import psycopg
 
+from pgherd.agentview import parse_sync_standby_names
 from pgherd.engine.lsn import parse_lsn
 from pgherd.engine.quorum import SyncConfig
 
@@ -45,22 +45,6 @@ class Observation:
     sync: SyncConfig | None = None
     archiving_healthy: bool | None = None
     error: str = ""
-
-
-_ANY = re.compile(r"^\s*ANY\s+(\d+)\s*\((.*)\)\s*$", re.IGNORECASE)
-
-
-def parse_sync_standby_names(value: str) -> SyncConfig:
-    """The SyncConfig of a synchronous_standby_names value in the forms pgherd writes ('' or ANY k (...))."""
-    if not value.strip():
-        return SyncConfig()
-    match = _ANY.match(value)
-    if match is None:
-        # Another form, set by hand: report it as it is, with k = 1 per PostgreSQL's FIRST 1 default.
-        names = frozenset(n.strip().strip('"') for n in value.split(",") if n.strip())
-        return SyncConfig(1, names)
-    names = frozenset(n.strip().strip('"') for n in match.group(2).split(",") if n.strip())
-    return SyncConfig(int(match.group(1)), names)
 
 
 def observe(dsn: str) -> Observation:

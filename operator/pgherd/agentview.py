@@ -1,0 +1,143 @@
+"""What the engine sees of a member from its instance agent: /status -> MemberView.
+
+One mapping for both platform adapters (the sandbox now, the Kubernetes adapter later), so that the
+engine's inputs mean the same thing everywhere. The rules, and why:
+
+- ``reachable``: the agent answered *and* PostgreSQL answered it (role known). An agent that answers
+  for a PostgreSQL that is down gives ``stopped`` instead; an agent that does not answer says nothing
+  about PostgreSQL — only the platform can add that its process (the pod) is gone.
+- ``stopped``: the postmaster is stopped or crashed and nothing is about to start it (no action in
+  progress other than a fence). A crashed PostgreSQL is restarted by its agent read-only only, so a
+  stop is evidence that the member cannot write until the engine orders otherwise.
+- ``received_lsn`` of a fenced, stopped member: its final WAL end (the switchover compares it).
+- ``upstream``: the member the WAL receiver streams from, resolved by the platform from host:port.
+- Unknown is None, never a guess.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+
+from pgherd.engine.quorum import SyncConfig
+from pgherd.engine.view import MemberView, Role
+from pgherd_backup.agent.client import AgentClient, AgentError
+from pgherd_backup.agent.wire import Status, lsn_value
+
+__all__ = [
+    "STATUS_TIMEOUT",
+    "fetch_statuses",
+    "member_view",
+    "parse_sync_standby_names",
+    "port_resolver",
+]
+
+# Observation must never wait on one slow member: a dead primary is noticed within this bound.
+STATUS_TIMEOUT = 1.0
+
+# Actions during which the agent may start PostgreSQL: a member running one of them is not stopped.
+_STOPPING_ONLY = frozenset({"fence"})
+
+_ANY = re.compile(r"^\s*ANY\s+(\d+)\s*\((.*)\)\s*$", re.IGNORECASE)
+
+
+def parse_sync_standby_names(value: str) -> SyncConfig:
+    """The SyncConfig of a synchronous_standby_names value in the forms pgherd writes ('' or ANY k (...))."""
+    if not value.strip():
+        return SyncConfig()
+    match = _ANY.match(value)
+    if match is None:
+        # Another form, set by hand: report it as it is, with k = 1 per PostgreSQL's FIRST 1 default.
+        names = frozenset(n.strip().strip('"') for n in value.split(",") if n.strip())
+        return SyncConfig(1, names)
+    names = frozenset(n.strip().strip('"') for n in match.group(2).split(",") if n.strip())
+    return SyncConfig(int(match.group(1)), names)
+
+
+def port_resolver(ports: Mapping[int, str]) -> Callable[[str], str | None]:
+    """Resolve a WAL receiver's ``host:port`` by its port (the sandbox: one port per member on one host)."""
+
+    def resolve(address: str) -> str | None:
+        _, _, port = address.rpartition(":")
+        return ports.get(int(port)) if port.isdigit() else None
+
+    return resolve
+
+
+def member_view(
+    name: str,
+    ordinal: int,
+    status: Status | None,
+    *,
+    resolve_upstream: Callable[[str], str | None],
+    process_gone: bool = False,
+    filling: bool = False,
+) -> MemberView:
+    """The MemberView of one member.
+
+    ``status``: its agent's /status, None when the agent did not answer. ``process_gone``: the platform
+    knows the member's agent (pod) is not running — a lost pod, stopped but still existing.
+    ``filling``: a platform job is filling its data directory (a restore): neither stopped nor lost.
+    """
+    if status is None:
+        return MemberView(
+            name=name, ordinal=ordinal, exists=True, reachable=False, stopped=process_gone and not filling
+        )
+    live = status.role in (Role.PRIMARY.value, Role.REPLICA.value)
+    stopped = (
+        not live
+        and status.postmaster in ("stopped", "crashed")
+        and (status.action is None or status.action in _STOPPING_ONLY)
+        and not filling
+    )
+    received = lsn_value(status.received_lsn)
+    if stopped and status.fenced:
+        received = lsn_value(status.final_lsn)
+    upstream = None
+    if status.wal_receiver is not None and status.wal_receiver.upstream:
+        upstream = resolve_upstream(status.wal_receiver.upstream)
+    sync = None
+    if live and status.synchronous_standby_names is not None:
+        sync = parse_sync_standby_names(status.synchronous_standby_names)
+    return MemberView(
+        name=name,
+        ordinal=ordinal,
+        exists=True,
+        reachable=live,
+        role=Role(status.role) if live else Role.UNKNOWN,
+        timeline=status.timeline,
+        received_lsn=received,
+        replayed_lsn=lsn_value(status.replayed_lsn),
+        wal_receiver_streaming=status.streaming,
+        upstream=upstream,
+        ready=status.ready,
+        revision=status.revision,
+        data_present=status.data_present or filling,
+        fenced=status.fenced,
+        sync=sync,
+        stopped=stopped,
+        shutdown_clean=status.shutdown_clean if stopped else None,
+        held_lsn=lsn_value(status.held_lsn),
+        kept_aside=len(status.kept_aside),
+        terminating=status.terminating,
+    )
+
+
+def fetch_statuses(
+    clients: Mapping[str, AgentClient], timeout: float = STATUS_TIMEOUT
+) -> dict[str, Status | None]:
+    """Every member's /status at once (one thread each), None for an agent that did not answer in
+    ``timeout`` or answered with an error: one dead member never delays the others' observation."""
+    if not clients:
+        return {}
+
+    def one(client: AgentClient) -> Status | None:
+        try:
+            return client.status(timeout=timeout)
+        except AgentError:
+            return None
+
+    with ThreadPoolExecutor(max_workers=len(clients), thread_name_prefix="agent-status") as pool:
+        futures = {name: pool.submit(one, client) for name, client in clients.items()}
+        return {name: future.result() for name, future in futures.items()}
