@@ -4,15 +4,19 @@ no acknowledged commit and lets the operator switch a primary over first."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import threading
 import time
+from collections.abc import Callable
 
-from agent_helpers import MEMBERS, writer
+from agent_helpers import MEMBERS, SlowProxy, writer
 
+from pgherd_backup.agent.client import AgentError
 from pgherd_backup.postgres import postmaster
 
 
 def test_a_crashed_primary_comes_back_read_only_at_once_and_the_crash_is_counted(agents):
-    primary = agents(MEMBERS[0], "--seed", "initdb")
+    primary = agents.primary(MEMBERS[0])
     assert primary.status().role == "primary"
     primary.sql("CREATE TABLE kept (x int)")
     primary.sql("INSERT INTO kept VALUES (42)")
@@ -56,7 +60,7 @@ def test_it_never_starts_read_write_on_its_own_across_its_own_restarts(agents):
 
 
 def test_sigterm_under_a_write_load_loses_no_acknowledged_commit(agents):
-    primary = agents(MEMBERS[0], "--seed", "initdb")
+    primary = agents.primary(MEMBERS[0])
     with writer(primary, "acks") as acknowledged:
         primary.wait_until(lambda: len(acknowledged) > 200, "some acknowledged commits", timeout=60)
         primary.signal(signal.SIGTERM)
@@ -70,7 +74,7 @@ def test_sigterm_under_a_write_load_loses_no_acknowledged_commit(agents):
 
 
 def test_sigterm_on_a_primary_reports_terminating_and_waits_for_the_operator(agents):
-    primary = agents(MEMBERS[0], "--seed", "initdb", "--terminate-wait", "60")
+    primary = agents.primary(MEMBERS[0], "--terminate-wait", "60")
     primary.signal(signal.SIGTERM)
     primary.wait_until(lambda: primary.status().terminating, "terminating", timeout=10)
     status = primary.status()
@@ -83,7 +87,7 @@ def test_sigterm_on_a_primary_reports_terminating_and_waits_for_the_operator(age
 
 
 def test_a_terminating_primary_waits_only_as_long_as_it_was_told(agents):
-    primary = agents(MEMBERS[0], "--seed", "initdb", "--terminate-wait", "2")
+    primary = agents.primary(MEMBERS[0], "--terminate-wait", "2")
     started = time.monotonic()
     primary.signal(signal.SIGTERM)
     assert primary.wait_exit(timeout=30) == 0
@@ -95,7 +99,7 @@ def test_a_terminating_primary_waits_only_as_long_as_it_was_told(agents):
 
 
 def test_a_replica_shuts_down_at_once_on_sigterm(agents):
-    primary = agents(MEMBERS[0], "--seed", "initdb")
+    primary = agents.primary(MEMBERS[0])
     replica = agents(
         MEMBERS[1], "--seed", "basebackup", "--upstream", primary.address, "--terminate-wait", "60"
     )
@@ -105,3 +109,38 @@ def test_a_replica_shuts_down_at_once_on_sigterm(agents):
     assert replica.wait_exit(timeout=30) == 0
     assert time.monotonic() - started < 10
     assert "waiting up to" not in replica.log
+
+
+def test_sigterm_during_a_clone_leaves_no_program_and_no_half_copy_behind(agents):
+    primary = agents.primary(MEMBERS[0])
+    proxy = SlowProxy(primary.pg_port, delay=3.0)
+    empty = agents(MEMBERS[1])
+    outcome: list[object] = []
+    seeding = threading.Thread(
+        target=lambda: outcome.append(
+            _attempt(lambda: empty.client.seed("basebackup", upstream=f"127.0.0.1:{proxy.port}"))
+        )
+    )
+    seeding.start()
+    try:
+        empty.wait_until(lambda: empty.status().action == "seed", "the seed in progress", timeout=10)
+        time.sleep(0.5)
+        empty.signal(signal.SIGTERM)
+        assert empty.wait_exit(timeout=40) == 0
+        seeding.join(30)
+    finally:
+        proxy.close()
+    assert outcome and isinstance(outcome[0], AgentError)  # the caller learns it did not happen
+    assert not empty.pgdata.exists() or not any(empty.pgdata.iterdir())  # nothing half copied
+    assert "of the action in progress (seed)" in empty.log
+    programs = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert f"port={proxy.port}" not in programs  # its pg_basebackup did not outlive it
+    empty.start()  # the next agent finds an empty directory and waits for an order, as before
+    assert empty.status().data_present is False
+
+
+def _attempt(call: Callable[[], object]) -> object:
+    try:
+        return call()
+    except AgentError as exc:
+        return exc

@@ -14,14 +14,21 @@ from pgherd_backup.agent.wire import ActionResult, lsn_value
 
 
 def _pair(agents) -> tuple[Agent, Agent]:
-    primary = agents(MEMBERS[0], "--seed", "initdb")
+    primary = agents.primary(MEMBERS[0])
     replica = agents(MEMBERS[1], "--seed", "basebackup", "--upstream", primary.address)
     replica.wait_streaming()
     return primary, replica
 
 
+@pytest.fixture(scope="module")
+def pair(module_agents) -> tuple[Agent, Agent]:
+    """A primary and its replica for the tests below that leave the replica a replica (the last one
+    leaves it fenced)."""
+    return _pair(module_agents)
+
+
 def test_fence_demote_unfence_and_promote(agents):
-    primary = agents(MEMBERS[0], "--seed", "initdb")
+    primary = agents.primary(MEMBERS[0])
     primary.sql("CREATE TABLE t (x int)")
     client = primary.client
 
@@ -85,7 +92,7 @@ def test_fence_demote_unfence_and_promote(agents):
 
 
 def test_fence_survives_a_restart_of_the_agent(agents):
-    primary = agents(MEMBERS[0], "--seed", "initdb")
+    primary = agents.primary(MEMBERS[0])
     primary.client.fence()
     primary.stop()
     primary.start()
@@ -123,8 +130,8 @@ def test_rejoin_after_the_other_was_promoted_rewinds(agents):
     assert not again.changed and again.method == "none"
 
 
-def test_rejoin_with_reclone_keeps_the_old_data_aside_on_the_same_volume(agents):
-    primary, replica = _pair(agents)
+def test_rejoin_with_reclone_keeps_the_old_data_aside_on_the_same_volume(pair):
+    primary, replica = pair
     old_system = replica.status().system_identifier
     # an upstream that does not answer: refused before anything changes
     with pytest.raises(AgentActionError) as unreachable:
@@ -144,8 +151,8 @@ def test_rejoin_with_reclone_keeps_the_old_data_aside_on_the_same_volume(agents)
     assert status.kept_aside == (kept,) and status.system_identifier == old_system
 
 
-def test_a_running_replica_is_repointed_without_a_restart(agents):
-    primary, replica = _pair(agents)
+def test_a_running_replica_is_repointed_without_a_restart(pair, agents):
+    primary, replica = pair
     third = agents(MEMBERS[2], "--seed", "basebackup", "--upstream", primary.address)
     third.wait_streaming()
     since = third.status().postmaster_since
@@ -156,8 +163,9 @@ def test_a_running_replica_is_repointed_without_a_restart(agents):
     assert status.postmaster_since == since  # not restarted
 
 
-def test_a_fence_wins_over_a_slow_rejoin_and_the_member_stays_stopped(agents):
-    primary, replica = _pair(agents)
+def test_a_fence_wins_over_a_slow_rejoin_and_the_member_stays_stopped(pair):
+    primary, replica = pair
+    kept_before = len(replica.status().kept_aside)
     proxy = SlowProxy(primary.pg_port, delay=3.0)  # every connection to the upstream waits 3 s
     outcome: list[ActionResult | AgentError] = []
 
@@ -186,11 +194,11 @@ def test_a_fence_wins_over_a_slow_rejoin_and_the_member_stays_stopped(agents):
     time.sleep(1)
     status = replica.status()
     assert (status.postmaster, status.fenced, status.action) == ("stopped", True, None)
-    assert status.data_present and len(status.kept_aside) == 1
+    assert status.data_present and len(status.kept_aside) == kept_before + 1
 
 
 def test_an_empty_member_waits_for_a_seed_order(agents):
-    primary = agents(MEMBERS[0], "--seed", "initdb")
+    primary = agents.primary(MEMBERS[0])
     empty = agents(MEMBERS[1])  # --seed none
     status = empty.status()
     assert (status.data_present, status.postmaster, status.role) == (False, "stopped", "unknown")

@@ -29,7 +29,7 @@ from pgherd_backup import __version__
 from pgherd_backup.agent.credentials import Credentials
 from pgherd_backup.agent.options import AgentOptions, read_parameters
 from pgherd_backup.agent.state import AgentState
-from pgherd_backup.agent.supervisor import PostmasterChild, PostmasterState, StartRefused
+from pgherd_backup.agent.supervisor import PostmasterChild, PostmasterState, StartRefused, stop_children
 from pgherd_backup.errors import BackupError, PostgresError
 from pgherd_backup.postgres.binaries import PgBinaries
 from pgherd_backup.postgres.config import (
@@ -510,6 +510,14 @@ class Instance:
             self.stop(checkpoint=True)
         self.terminating = False
         log.info("PostgreSQL is stopped (%s)", self.postmaster.state.value)
+        action = self.action_name
+        if action is not None:
+            # An action cut short (a clone in progress): stop its programs and let it clean up (a
+            # half copy is removed) before the agent exits.
+            stopped = stop_children()
+            log.warning("stopped %d program(s) of the action in progress (%s)", len(stopped), action)
+            if self._action_lock.acquire(timeout=15):
+                self._action_lock.release()
 
     # -- the probes' view ------------------------------------------------------------------------------
     def healthy(self) -> tuple[bool, str]:
