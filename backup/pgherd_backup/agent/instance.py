@@ -396,19 +396,19 @@ class Instance:
         """Fence: forbid every start decided before, then stop PostgreSQL (CHECKPOINT if primary, fast,
         immediate after --stop-timeout). Returns (newly fenced, was running)."""
         with self.fence_lock:
-            running = self.postmaster.alive
-            role = self.role() if running else None
-            with self._state_lock:
+            with self._state_lock:  # first of all: no start decided before this line happens any more
                 self.epoch += 1
-                newly = not self.state.fenced or self.state.demoted
-                if not self.state.fenced:
-                    # The role it had before any fence: a demoted member runs read-only, but Unfence
-                    # resumes what it was before the first fence (a switchover abandoned).
-                    self.state.role_at_fence = role or self.role_on_disk()
+                was_fenced, was_demoted = self.state.fenced, self.state.demoted
                 self.state.fenced, self.state.demoted = True, False
                 self.save()
+            running = self.postmaster.alive
+            role = self.role() if self.postmaster.state is PostmasterState.RUNNING else None
+            if not was_fenced:
+                # The role it had before any fence: a demoted member runs read-only, but Unfence resumes
+                # what it was before the first fence (a switchover abandoned).
+                self.record(role_at_fence=role or self.role_on_disk())
             self.stop(checkpoint=role == "primary")
-            return newly, running
+            return not was_fenced or was_demoted, running
 
     # -- crashes ---------------------------------------------------------------------------------------
     def _on_crash(self, code: int) -> None:
@@ -468,6 +468,11 @@ class Instance:
                         self, options.seed, options.upstream, options.snapshot, options.recovery_target, token
                     )
                     return
+                if not self.data_present():
+                    raise Refused(
+                        f"{self.pgdata} holds files but no PostgreSQL data (no PG_VERSION): move them aside; "
+                        "the agent then waits for a seed order"
+                    )
                 with self._state_lock:
                     fenced, demoted, upstream = self.state.fenced, self.state.demoted, self.state.upstream
                 if fenced and not demoted:
