@@ -91,6 +91,8 @@ class Agent:
 
     @property
     def client(self) -> AgentClient:
+        if "--no-tls" in self.flags:
+            return AgentClient(f"http://127.0.0.1:{self.port}", token=self.certs.token)
         return AgentClient(f"https://127.0.0.1:{self.port}", ca_file=self.certs.ca, token=self.certs.token)
 
     def command(self) -> list[str]:

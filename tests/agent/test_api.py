@@ -273,3 +273,12 @@ def test_no_credential_in_logs_status_or_errors(pair):
         for text in texts:
             assert secret not in text
     assert "refused" in primary.log or "refused" in replica.log  # the refusals were logged, without the token
+
+
+def test_no_tls_is_plain_http_with_a_loud_warning(module_agents):
+    plain = module_agents(MEMBERS[5], "--no-tls")  # --seed none: waits for an order, no PostgreSQL
+    client = AgentClient(f"http://127.0.0.1:{plain.port}", token=plain.certs.token)
+    status = client.status()
+    assert (status.data_present, status.postmaster) == (False, "stopped")
+    assert client.probe("startupz") == 200
+    assert "--no-tls" in plain.log and "clear text" in plain.log
