@@ -305,6 +305,12 @@ class PatroniCluster:
         if postmaster is not None:
             _kill_tree(postmaster)
 
+    def kill_postgres(self, name: str) -> None:
+        """kill -9 of the member's PostgreSQL alone, under a live Patroni (a crashed server)."""
+        postmaster = _postmaster_pid(self.member(name).data_dir)
+        if postmaster is not None:
+            _kill_tree(postmaster)
+
     def restart(self, name: str) -> None:
         self._start_member(self.member(name))
 

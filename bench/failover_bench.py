@@ -9,6 +9,9 @@ loop the e2e scenarios use) through a libpq multi-host read-write DSN, then
     member) -> the first write acknowledged through the read-write DSN after the kill;
   * switchover write unavailability: the longest gap between two acknowledged writes around a
     planned switchover (patronictl switchover --force, pgherd sandbox switchover);
+  * crash restart (`--postgres-only` kills): kill -9 of the primary's PostgreSQL alone, under a live
+    agent / Patroni -> the first write acknowledged after it (pgherd's agent restarts it read-only at
+    once and the engine promotes it in place; Patroni restarts it at its next loop);
   * acknowledged writes lost: acknowledged ids missing from the primary at the end.
 Each kill and switchover starts from a steady cluster: every replica streaming, as PostgreSQL itself
 reports (Patroni's lag reads 0 before a new replica's slot exists). The "promoted" column counts the
@@ -60,6 +63,7 @@ class System(Protocol):
     def rw_dsn(self) -> str: ...
     def primary(self) -> str | None: ...
     def kill(self, member: str) -> None: ...
+    def kill_postgres(self, member: str) -> None: ...
     def after_failover(self, killed: str) -> None: ...
     def switchover(self) -> None: ...
     def wait_healthy(self) -> None: ...
@@ -82,6 +86,9 @@ class PatroniSystem:
 
     def kill(self, member: str) -> None:
         self.cluster.kill(member)
+
+    def kill_postgres(self, member: str) -> None:
+        self.cluster.kill_postgres(member)
 
     def after_failover(self, killed: str) -> None:
         self.cluster.restart(killed)
@@ -123,6 +130,9 @@ class PgherdSystem:
     def kill(self, member: str) -> None:
         self.driver.kill(member)
 
+    def kill_postgres(self, member: str) -> None:
+        self.driver.kill(member, postgres_only=True)
+
     def after_failover(self, killed: str) -> None:
         pass  # the sandbox restarts the member by itself, like kubelet
 
@@ -150,6 +160,7 @@ class Result:
     label: str
     failovers: list[float] = field(default_factory=list)
     switchovers: list[float] = field(default_factory=list)
+    crashes: list[float] = field(default_factory=list)  # PostgreSQL alone killed: first write after
     promoted: int = 0  # kills after which another member was primary
     acked: int = 0
     lost: int | None = None  # None: could not be read back
@@ -208,6 +219,20 @@ def measure(system: System, runs: int, log: Callable[[str], None], result: Resul
             system.wait_healthy()
             time.sleep(1.0)
             old = system.primary()
+            if old is None:
+                raise RuntimeError("no primary before the kill")
+            system.kill_postgres(old)
+            killed_at = time.monotonic()
+            first = _wait_for_write(load, killed_at, FAILOVER_TIMEOUT, begun_after=True)
+            result.crashes.append(first.ended - killed_at)
+            log(
+                f"[{system.label}] crash {run}/{runs}: {old}'s PostgreSQL killed, writes back after"
+                f" {result.crashes[-1]:.2f} s on {system.primary()}"
+            )
+        for run in range(1, runs + 1):
+            system.wait_healthy()
+            time.sleep(1.0)
+            old = system.primary()
             requested_at = time.monotonic()
             system.switchover()
             _wait_for_new_primary(system, old, 60)
@@ -244,13 +269,14 @@ def print_table(results: list[Result], mode: str, detection_seconds: int) -> Non
     print(f"replication mode: {mode}; pgherd failover.detectionSeconds: {detection_seconds}")
     print(
         f"{'system':<17} {'failover s (min/med/max)':>26} {'promoted':>9}"
-        f" {'switchover gap s (min/med/max)':>32} {'acked':>8} {'lost':>5}"
+        f" {'switchover gap s (min/med/max)':>32} {'postgres-only s (min/med/max)':>31} {'acked':>8} {'lost':>5}"
     )
     for r in results:
         promoted = f"{r.promoted}/{len(r.failovers)}"
         lost = "?" if r.lost is None else str(r.lost)
         print(
-            f"{r.label:<17} {_stats(r.failovers):>26} {promoted:>9} {_stats(r.switchovers):>32} {r.acked:>8} {lost:>5}"
+            f"{r.label:<17} {_stats(r.failovers):>26} {promoted:>9} {_stats(r.switchovers):>32}"
+            f" {_stats(r.crashes):>31} {r.acked:>8} {lost:>5}"
         )
         for error in r.errors:
             print(f"  error: {error}")
@@ -264,6 +290,8 @@ def print_table(results: list[Result], mode: str, detection_seconds: int) -> Non
         line = f"{r.label} / pgherd: failover median x{fo:.1f}"
         if r.switchovers and base.switchovers:
             line += f", switchover median x{statistics.median(r.switchovers) / statistics.median(base.switchovers):.1f}"
+        if r.crashes and base.crashes:
+            line += f", postgres-only median x{statistics.median(r.crashes) / statistics.median(base.crashes):.1f}"
         print(line)
 
 

@@ -25,6 +25,8 @@ COMMAND_TIMEOUT = 120.0
 # How long the sandbox waits before restarting a dead member (kubelet's back-off). Longer than failure
 # detection (3 s in the scenarios) so that a killed primary is failed over, not merely restarted in place.
 RESTART_DELAY = float(os.environ.get("PGHERD_E2E_RESTART_DELAY", "6"))
+# How the sandbox runs its members (`sandbox up --members`): agent | inline; unset: the sandbox's default.
+MEMBERS = os.environ.get("PGHERD_SANDBOX_MEMBERS")
 
 
 def pgherd_command() -> list[str]:
@@ -115,6 +117,7 @@ class LocalDriver(PollingDriver):
                 str(path),
                 "--restart-delay",
                 str(self.restart_delay),
+                *(["--members", MEMBERS] if MEMBERS else []),
                 "--timeout",
                 str(UP_TIMEOUT),  # the sandbox's own message beats our subprocess timeout
                 timeout=UP_TIMEOUT + 30,
@@ -146,8 +149,11 @@ class LocalDriver(PollingDriver):
                 self._member_dsns[m["name"]] = str(m["dsn"])
         return status
 
-    def kill(self, member: str, wipe: bool = False) -> None:
-        self._sandbox("kill", member, *(["--wipe"] if wipe else []))
+    def kill(self, member: str, wipe: bool = False, postgres_only: bool = False) -> None:
+        """A lost pod (agent mode: the agent and PostgreSQL together); ``postgres_only``: a crashed
+        PostgreSQL under a live agent."""
+        flags = [*(["--wipe"] if wipe else []), *(["--postgres-only"] if postgres_only else [])]
+        self._sandbox("kill", member, *flags)
 
     def switchover(self, to: str | None = None) -> None:
         # The sandbox's command returns once the switchover is done (or failed: DriverError).
@@ -179,7 +185,9 @@ class LocalDriver(PollingDriver):
         lines = [f"local sandbox: {self.dir} (manifests in {self.manifest_dir})"]
         if not self.dir.exists():
             return lines[0] + " (removed)"
-        lines.append(f"  logs: {self.dir}/supervisor.log, events.log, members/*/postgres.log")
+        lines.append(
+            f"  logs: {self.dir}/supervisor.log, events.log, members/*/postgres.log, members/*/agent.log"
+        )
         for name, count in (("events.log", 10), ("supervisor.log", 15)):
             log = self.dir / name
             if log.exists():

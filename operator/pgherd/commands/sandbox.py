@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from pgherd.api.admission import ManifestRefused
 from pgherd.commands.validate import load_documents
-from pgherd.local.sandbox import DEFAULT_DIR, Sandbox, SandboxError
+from pgherd.local.sandbox import DEFAULT_DIR, MEMBER_MODES, Sandbox, SandboxError
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,6 +34,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=10.0,
         help="seconds before a dead member is restarted (kubelet-like)",
     )
+    p.add_argument(
+        "--members",
+        choices=MEMBER_MODES,
+        default=os.environ.get("PGHERD_SANDBOX_MEMBERS") or "inline",
+        help="agent: each member is its own `pgherd instance run` process (a pod), driven through its"
+        " API; inline: the supervisor drives PostgreSQL itself (default: $PGHERD_SANDBOX_MEMBERS or inline)",
+    )
     p.set_defaults(func=_up)
     p = add("status", "phase, conditions, primary, members, and the read-write DSN")
     p.add_argument("--json", action="store_true")
@@ -40,9 +48,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = add("apply", "apply a changed PostgresCluster, a Backup or a Restore")
     p.add_argument("-f", "--filename", type=Path, required=True)
     p.set_defaults(func=_apply)
-    p = add("kill", "kill -9 a member's PostgreSQL (the platform restarts it after a delay)")
+    p = add(
+        "kill",
+        "kill -9 a member: its agent and PostgreSQL together, a lost pod (the platform restarts it"
+        " after a delay)",
+    )
     p.add_argument("member")
     p.add_argument("--wipe", action="store_true", help="also delete its data directory, as a lost volume")
+    p.add_argument(
+        "--postgres-only",
+        action="store_true",
+        help="kill only PostgreSQL, under a live agent (a crashed server: its agent restarts it read-only)",
+    )
     p.set_defaults(func=_kill)
     p = add("switchover", "a planned switchover, to the best candidate or to --to MEMBER")
     p.add_argument("--to", default=None)
@@ -69,7 +86,9 @@ def _up(args: argparse.Namespace) -> int:
         documents = load_documents(args.filename)
         if len(documents) != 1:
             return _fail(f"{args.filename}: expected one PostgresCluster, found {len(documents)} documents")
-        status = Sandbox(args.dir).up(documents[0], timeout=args.timeout, restart_delay=args.restart_delay)
+        status = Sandbox(args.dir).up(
+            documents[0], timeout=args.timeout, restart_delay=args.restart_delay, members=args.members
+        )
     except (ManifestRefused, SandboxError, ValueError, OSError) as exc:
         return _fail(str(exc))
     print(f"PostgresCluster {status['cluster']} is {status['phase']}: primary {status['primary']}")
@@ -135,10 +154,11 @@ def _apply(args: argparse.Namespace) -> int:
 
 def _kill(args: argparse.Namespace) -> int:
     try:
-        Sandbox(args.dir).kill(args.member, wipe=args.wipe)
+        Sandbox(args.dir).kill(args.member, wipe=args.wipe, postgres_only=args.postgres_only)
     except SandboxError as exc:
         return _fail(str(exc))
-    print(f"killed {args.member}{' and wiped its data' if args.wipe else ''}")
+    what = "PostgreSQL of " if args.postgres_only else ""
+    print(f"killed {what}{args.member}{' and wiped its data' if args.wipe else ''}")
     return 0
 
 

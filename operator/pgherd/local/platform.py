@@ -154,6 +154,10 @@ class LocalPlatform:
             [self.members[name].port], user="postgres", password=self.state.superuser_password, dbname=dbname
         )
 
+    def agent_url(self, name: str) -> str | None:
+        """The member's agent (agent mode only; inline members have none)."""
+        return None
+
     def app_dsn(self, name: str) -> str:
         port = self.members[name].port if name in self.members else self._port(name)
         return self._dsn(

@@ -27,6 +27,9 @@ from pgherd_backup.postgres.process import grant_traverse
 DEFAULT_DIR = Path(".sandbox")
 EMBEDDED_BUCKET = "pgherd"
 EMBEDDED_SECRET = "pgherd-sandbox-s3"
+# inline: the supervisor drives each member's PostgreSQL itself; agent: each member is its own
+# `pgherd instance run` process, driven through its API (as on Kubernetes).
+MEMBER_MODES = ("inline", "agent")
 
 
 class SandboxError(RuntimeError):
@@ -53,8 +56,15 @@ class Sandbox:
 
     # --- up -------------------------------------------------------------------------------------------
     def up(
-        self, manifest: dict[str, Any], *, timeout: float = 300, restart_delay: float = 10.0
+        self,
+        manifest: dict[str, Any],
+        *,
+        timeout: float = 300,
+        restart_delay: float = 10.0,
+        members: str = "inline",
     ) -> dict[str, Any]:
+        if members not in MEMBER_MODES:
+            raise SandboxError(f"--members {members!r}: expected one of {', '.join(MEMBER_MODES)}")
         if self.paths.state_file.exists():
             raise SandboxError(
                 f"a sandbox already exists in {self.root}: `pgherd sandbox apply -f` changes it,"
@@ -124,6 +134,8 @@ class Sandbox:
             app_database=initdb.get("database", "app"),
             app_password=secrets.token_urlsafe(18),
             restart_delay=restart_delay,
+            members=members,
+            agent_base_port=_free_port_range(16) if members == "agent" else None,
         )
         state.save(self.paths)
         self.objects.apply(manifest)
@@ -243,14 +255,21 @@ class Sandbox:
                 spec.setdefault("backup", {})["store"] = store  # keep the embedded store
         return self.objects.apply(manifest)
 
-    def kill(self, member: str, *, wipe: bool = False) -> None:
+    def kill(self, member: str, *, wipe: bool = False, postgres_only: bool = False) -> None:
+        """kill -9 a member. Agent mode: its agent and PostgreSQL together (a lost pod), or with
+        ``postgres_only`` PostgreSQL alone (a crashed server under a live agent). Inline: PostgreSQL."""
         state = self.state()
         folder = self.paths.member_dir(member)
         known = MemberState.load(self.paths, member)
         if known is None or not folder.exists():
             raise SandboxError(f"no member {member!r} in cluster {state.cluster}")
         pgdata = self.paths.member_data(member)
-        postmaster.kill(pgdata)
+        if state.members == "agent":
+            from pgherd.local.pods import kill_pod
+
+            kill_pod(self.paths, member, postgres_only=postgres_only)
+        else:
+            postmaster.kill(pgdata)
         if wipe:
             shutil.rmtree(pgdata, ignore_errors=True)
 
@@ -306,6 +325,11 @@ class Sandbox:
 
         for job in LocalJobs(self.paths).all():
             job.kill()
+        if self.paths.members.is_dir() and state.members == "agent":
+            from pgherd.local.pods import stop_pod
+
+            for folder in self.paths.members.iterdir():
+                stop_pod(self.paths, folder.name)
         if self.paths.members.is_dir():
             for folder in self.paths.members.iterdir():
                 pgdata = folder / "data"
@@ -356,10 +380,22 @@ def _dsn(ports: list[int], user: str, password: str, dbname: str, **extra: str) 
     return " ".join(f"{k}='{v}'" for k, v in parts.items())
 
 
+def _ephemeral_ports() -> tuple[int, int]:
+    try:
+        low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
 def _free_port_range(count: int) -> int:
-    """A base port such that base..base+count-1 are all free now (one per possible member)."""
+    """A base port such that base..base+count-1 are all free now (one per possible member), below the
+    ephemeral range when there is room: a client connection (the agents' API is asked every tick)
+    could otherwise take a member's port while it is down, and its PostgreSQL would not start."""
+    low, _ = _ephemeral_ports()
+    first, span = (10000, low - 10000 - count) if low - 10000 - count > 1000 else (20000, 30000)
     for _ in range(200):
-        base = 20000 + secrets.randbelow(30000)
+        base = first + secrets.randbelow(span)
         sockets = []
         try:
             for port in range(base, base + count):

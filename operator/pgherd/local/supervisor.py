@@ -92,12 +92,21 @@ def apply_actions(
     return {repr(a) for a in actions}
 
 
+def make_platform(paths: SandboxPaths, state: SandboxState, objects: ObjectStore) -> LocalPlatform:
+    """The sandbox's platform for its members' mode (see SandboxState.members)."""
+    if state.members == "agent":
+        from pgherd.local.agents import AgentPlatform
+
+        return AgentPlatform(paths, state, objects)
+    return LocalPlatform(paths, state, objects)
+
+
 class Supervisor:
     def __init__(self, root: Path) -> None:
         self.paths = SandboxPaths(root)
         self.state = SandboxState.load(self.paths)
         self.objects = ObjectStore(self.paths)
-        self.platform = LocalPlatform(self.paths, self.state, self.objects)
+        self.platform = make_platform(self.paths, self.state, self.objects)
         self.stopping = False
         self.last_phase: str | None = None
         self.last_message: str | None = None
@@ -245,6 +254,7 @@ class Supervisor:
                     "streaming": obs.receiver_streaming,
                     "revision": member.revision,
                     "busy": self.platform.busy(name),
+                    "agent": self.platform.agent_url(name),
                 }
             )
         operation = decision.status.operation
