@@ -97,6 +97,7 @@ class ModelCluster:
         self.restored = False
         self.promotions: list[str] = []
         self.deleted_kept_aside: list[str] = []
+        self.dropped_volumes: set[str] = set()
 
     # ---- observation -------------------------------------------------------------------------
     def reachable(self, node: Node) -> bool:
@@ -165,6 +166,11 @@ class ModelCluster:
                     terminating=seen and node.terminating,
                 )
             )
+        for name in sorted(self.dropped_volumes - set(self.nodes)):
+            # The platform knows the member's volume is gone (no directory, no PVC): it says so.
+            ordinal = int(name.rsplit("-", 1)[1])
+            members.append(MemberView(name=name, ordinal=ordinal, exists=False, data_present=False))
+        members.sort(key=lambda m: m.ordinal)
         return ClusterView(
             cluster=CLUSTER,
             now=self.now,
@@ -174,6 +180,11 @@ class ModelCluster:
             jobs=tuple(self.jobs[k] for k in sorted(self.jobs)),
             rw_member=self.rw,
         )
+
+    def data_gone(self, name: str) -> bool:
+        """The truth about a member's data: its volume lost, or dropped by a deletion."""
+        node = self.nodes.get(name)
+        return node.data_lost if node is not None else name in self.dropped_volumes
 
     def writable_nodes(self) -> list[Node]:
         return [n for n in self.nodes.values() if n.writable]
@@ -248,6 +259,8 @@ class ModelCluster:
         node = self.nodes.pop(a.member, None)
         if node is not None:
             self.deleted.append(a.member)
+            if not a.keep_data:
+                self.dropped_volumes.add(a.member)
             if node.kept_aside and not a.keep_data:
                 self.deleted_kept_aside.append(a.member)
 

@@ -38,6 +38,7 @@ class ClusterMachine(RuleBasedStateMachine):
         method=st.sampled_from(list(PrimaryUpdateMethod)),
         restore_on_loss=st.booleans(),
         fence_lags=st.booleans(),
+        with_backup=st.booleans(),
     )
     def setup(
         self,
@@ -46,6 +47,7 @@ class ClusterMachine(RuleBasedStateMachine):
         method: PrimaryUpdateMethod,
         restore_on_loss: bool,
         fence_lags: bool = False,
+        with_backup: bool = False,
     ) -> None:
         self.quorum = quorum
         self.images = 0
@@ -55,8 +57,13 @@ class ClusterMachine(RuleBasedStateMachine):
         self.last: Decision | None = None
         self.last_view: ClusterView | None = None
         self.pending: list[tuple[PostgresClusterSpec, ClusterView, EngineStatus, Decision, A.Action]] = []
-        self.owed: str | None = None  # an aborted operation's old primary, owed a writable primary
-        for _ in range(40):  # bring the cluster up, faults come later
+        # An aborted operation's old primary, owed a writable primary within a few full fresh passes.
+        self.owed: tuple[str, int] | None = None
+        for step in range(40):  # bring the cluster up, faults come later
+            if with_backup and step == 20:  # a Completed backup, so that restores are reachable
+                self.model.request_backup()
+            if with_backup and step == 25:
+                self.model.finish_jobs(True)
             self._operator_step(apply_all=True)
             self.model.catch_up_all()
             self.model.tick(1)
@@ -110,7 +117,7 @@ class ClusterMachine(RuleBasedStateMachine):
         for item in chosen:
             self._apply(*item)
         if count == len(decision.actions):
-            self._check_after(before, decision)
+            self._check_after(before, decision, fresh=view is fresh)
 
     def _apply(
         self,
@@ -144,17 +151,22 @@ class ClusterMachine(RuleBasedStateMachine):
             return False
         return bool(self.model.now - operation.step_started_at <= PRIMARY_RESTART_TIMEOUT)
 
-    def _check_after(self, before: EngineStatus, decision: Decision) -> None:
+    def _check_after(self, before: EngineStatus, decision: Decision, fresh: bool) -> None:
         """After every action of a decision was applied. An aborted operation must leave a writable
-        primary when its old primary is available: at once, or after the next full pass (the old
-        primary may have come back read-only meanwhile, and is then promoted in place)."""
-        owed, self.owed = self.owed, None
-        if owed is not None and self._available(owed):
-            assert self.model.writable_nodes(), f"an aborted operation left no writable primary ({owed})"
+        primary when its old primary is available: at once, or within three full passes on fresh
+        views (the old primary may have come back read-only meanwhile, and is promoted in place)."""
+        if self.owed is not None and fresh:
+            name, passes = self.owed
+            if self.model.writable_nodes() or not self._available(name):
+                self.owed = None
+            elif passes <= 1:
+                raise AssertionError(f"an aborted operation left no writable primary ({name})")
+            else:
+                self.owed = (name, passes - 1)
         aborted = decision.status.aborted
         source = aborted.source if aborted is not None and aborted is not before.aborted else None
         if source is not None and self._available(source) and not self.model.writable_nodes():
-            self.owed = source
+            self.owed = (source, 3)
 
     def _available(self, name: str) -> bool:
         """The recorded primary could serve again through the engine's own actions: it runs, or the
@@ -194,7 +206,7 @@ class ClusterMachine(RuleBasedStateMachine):
                 f"deleting {action.member}'s volume, which holds kept-aside data"
             )
         if isinstance(action, A.StartRestore) and decision.phase is Phase.RECOVERING:
-            lost = [n for n in before.voters if n not in model.nodes or model.nodes[n].data_lost]
+            lost = [n for n in before.voters if model.data_gone(n)]
             assert len(lost) >= majority(len(before.voters)), (
                 f"automatic restore while a majority's data may exist (lost: {sorted(lost)})"
             )
@@ -214,12 +226,16 @@ class ClusterMachine(RuleBasedStateMachine):
             ]
             me = view.member(action.member)
             old = view.member(before.current_primary)
-            drained = (  # a switchover's cleanly stopped primary, whose WAL the target has in full
-                old is not None
-                and old.fenced
-                and old.received_lsn is not None
+            # The operation as this decision recorded it: one decision can drain, see the target
+            # caught up and promote.
+            operation = decision.status.operation or before.operation
+            reachable_names = {m.name for m in reachable}
+            drained = (  # a switchover's cleanly stopped primary, whose final WAL the target holds
+                operation is not None
+                and operation.final_lsn is not None
+                and operation.source not in reachable_names
                 and me is not None
-                and (me.most_wal or 0) >= old.received_lsn
+                and (me.most_wal or 0) >= operation.final_lsn
             )
             gone = old is None or not old.exists or old.stopped
             two_async = len(voters) == 2 and not self.quorum and gone  # the operator breaks the tie
@@ -309,6 +325,26 @@ class ClusterMachine(RuleBasedStateMachine):
         pending, self.pending = self.pending, []
         for item in pending:
             self._apply(*item)
+
+    @rule(rounds=st.integers(min_value=2, max_value=8), seconds=st.sampled_from([0.5, 1, 2]))
+    def operator_rounds(self, rounds: int, seconds: float) -> None:
+        """Several full operator passes in a row (multi-step operations move on)."""
+        for _ in range(rounds):
+            self.model.tick(seconds)
+            self._operator_step(apply_all=True)
+
+    @rule(
+        receivers=st.sets(NODES, max_size=5),
+        count=st.integers(min_value=2, max_value=6),
+        lagging=st.sets(NODES, max_size=3),
+    )
+    def commit_burst(self, receivers: set[int], count: int, lagging: set[int]) -> None:
+        """Several commits, some members lagging behind (they stream later, or never)."""
+        names = self._names()
+        got = {names[i % len(names)] for i in sorted(receivers)} if names else set()
+        behind = {names[i % len(names)] for i in sorted(lagging)} if names else set()
+        for _ in range(count):
+            self.model.commit(got - behind)
 
     @rule(seconds=st.sampled_from([10, 20, 45, 700]))
     def long_wait(self, seconds: float) -> None:
@@ -427,7 +463,7 @@ class ClusterMachine(RuleBasedStateMachine):
         backup, and a majority's data gone): only a person can act."""
         assert self.last is not None
         voters = self.status.voters
-        lost = [n for n in voters if n not in self.model.nodes or self.model.nodes[n].data_lost]
+        lost = [n for n in voters if self.model.data_gone(n)]
         completed = any(b.phase == "Completed" for b in self.model.backups.values())
         restores = (
             self.spec.recovery.on_quorum_loss.value == "RestoreFromBackup"
