@@ -37,9 +37,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--members",
         choices=MEMBER_MODES,
-        default=os.environ.get("PGHERD_SANDBOX_MEMBERS") or "inline",
+        default=os.environ.get("PGHERD_SANDBOX_MEMBERS") or "agent",
         help="agent: each member is its own `pgherd instance run` process (a pod), driven through its"
-        " API; inline: the supervisor drives PostgreSQL itself (default: $PGHERD_SANDBOX_MEMBERS or inline)",
+        " API; inline: the supervisor drives PostgreSQL itself (default: $PGHERD_SANDBOX_MEMBERS or agent)",
     )
     p.set_defaults(func=_up)
     p = add("status", "phase, conditions, primary, members, and the read-write DSN")

@@ -108,6 +108,18 @@ class Tour:
         )
         self.say(f"{old} is back as a replica (rewound onto timeline {status['timeline']})")
 
+        if self.sandbox.state().members == "agent":
+            self.step("3b. Crash only the primary's PostgreSQL, under its live agent")
+            primary = status["primary"]
+            self.wait("every replica streaming", lambda s: s["phase"] == "Running", timeout=120)
+            killed_at = time.monotonic()
+            self.sandbox.kill(primary, postgres_only=True)
+            self.say(f"killed {primary}'s PostgreSQL; its agent restarts it read-only at once,")
+            self.say("and the operator promotes it in place: it holds every commit it acknowledged")
+            self.first_write_after(killed_at, what="the crash")
+            status = self.wait("the cluster Running", lambda s: s["phase"] == "Running", timeout=120)
+            self.say(f"primary still {status['primary']}, on timeline {status['timeline']}")
+
         self.step("4. Take a backup")
         self.sandbox.apply(
             {
@@ -160,12 +172,15 @@ class Tour:
             f'  psql "{status["rwDsn"]}"\n  pgherd sandbox down --dir {self.sandbox.root}'
         )
 
-    def first_write_after(self, killed_at: float) -> None:
+    def first_write_after(self, killed_at: float, what: str = "the failover") -> None:
         dsn = self.status()["rwDsn"]
         while time.monotonic() - killed_at < 120:
             try:
                 with psycopg.connect(dsn, autocommit=True, connect_timeout=1) as conn:
-                    conn.execute("INSERT INTO orders VALUES (0, 'first write after the failover')")
+                    conn.execute(
+                        "INSERT INTO orders VALUES ((SELECT coalesce(min(id), 1) - 1 FROM orders), %s)",
+                        (f"first write after {what}",),
+                    )
                 self.say(f"first successful write {time.monotonic() - killed_at:.1f}s after the kill")
                 return
             except psycopg.Error:

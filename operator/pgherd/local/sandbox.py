@@ -61,7 +61,7 @@ class Sandbox:
         *,
         timeout: float = 300,
         restart_delay: float = 10.0,
-        members: str = "inline",
+        members: str = "agent",
     ) -> dict[str, Any]:
         if members not in MEMBER_MODES:
             raise SandboxError(f"--members {members!r}: expected one of {', '.join(MEMBER_MODES)}")
