@@ -506,8 +506,11 @@ class ModelCluster:
         self.backups[name] = BackupView(name, created_at=self.now)
 
     def request_restore(self) -> None:
+        """A person asks for an in-place restore (once the previous one has ended: each Restore
+        object is carried out in turn, and a queue of them only lengthens the run)."""
         done = [b for b in self.backups.values() if b.phase == "Completed"]
-        if not done:
+        open_ = [r for r in self.restores.values() if r.phase not in ("Completed", "Failed")]
+        if not done or open_:
             return
         name = f"r{len(self.restores)}"
         self.restores[name] = RestoreView(name, backup=done[-1].name, created_at=self.now)
