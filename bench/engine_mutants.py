@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -197,12 +197,17 @@ def main() -> int:
     args = parser.parse_args()
     chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
     work = [(m, seed) for m in chosen for seed in args.seeds]
-    with ThreadPoolExecutor(args.jobs) as pool:
-        results = list(pool.map(lambda job: run(job[0], job[1], args.profile), work))
     print("| mutant | item | seed | search | time s | caught by |\n| --- | --- | ---: | --- | ---: | --- |")
-    for (mutant, seed), (verdict, elapsed, caught) in zip(work, results, strict=True):
-        extra = f" (scripted: {mutant.scripted})" if mutant.scripted and verdict != "found" else ""
-        print(f"| {mutant.name} | {mutant.item} | {seed} | {verdict}{extra} | {elapsed:.0f} | {caught} |")
+    with ThreadPoolExecutor(args.jobs) as pool:
+        futures = {pool.submit(run, mutant, seed, args.profile): (mutant, seed) for mutant, seed in work}
+        for future in as_completed(futures):
+            mutant, seed = futures[future]
+            verdict, elapsed, caught = future.result()
+            extra = f" (scripted: {mutant.scripted})" if mutant.scripted and verdict != "found" else ""
+            print(
+                f"| {mutant.name} | {mutant.item} | {seed} | {verdict}{extra} | {elapsed:.0f} | {caught} |",
+                flush=True,
+            )
     return 0
 
 
