@@ -195,10 +195,11 @@ def test_recovery_fences_until_every_member_is_confirmed_unable_to_write() -> No
 # ---- 5. a planned in-place restart of the primary is not a failure -------------------------------
 
 
-def _restart_primary_step() -> tuple[PostgresClusterSpec, ClusterView, EngineStatus]:
-    spec = make_spec(upgrade={"primaryUpdateMethod": "restart"})
+def _replicas_updated(
+    spec: PostgresClusterSpec, new: PostgresClusterSpec
+) -> tuple[ClusterView, EngineStatus]:
+    """A rollout to ``new`` whose replicas are done: only the primary pg-0 is left."""
     _, view, status = settled(spec)
-    new = make_spec(upgrade={"primaryUpdateMethod": "restart"}, image="img:2")
     revision = spec_revision(new)
     updated = with_members(view, *[replace(m, revision=revision) for m in view.members[1:]])
     operation = Operation(
@@ -209,7 +210,15 @@ def _restart_primary_step() -> tuple[PostgresClusterSpec, ClusterView, EngineSta
         plan=("pg-1", "pg-2", "pg-0"),
         done=("pg-1", "pg-2"),
     )
-    decision = decide(new, updated, replace(status, operation=operation))
+    return updated, replace(status, operation=operation)
+
+
+def _restart_primary_step() -> tuple[PostgresClusterSpec, ClusterView, EngineStatus]:
+    spec = make_spec(upgrade={"primaryUpdateMethod": "restart"})
+    new = make_spec(upgrade={"primaryUpdateMethod": "restart"}, image="img:2")
+    updated, status = _replicas_updated(spec, new)
+    revision = spec_revision(new)
+    decision = decide(new, updated, status)
     restart = [a for a in decision.actions if isinstance(a, A.RestartMember)]
     assert restart == [A.RestartMember("pg-0", revision, primary=True, reason=restart[0].reason)]
     return new, updated, decision.status
@@ -343,19 +352,9 @@ def test_a_vanished_promotion_target_is_confirmed_failed_before_another_failover
 
 
 def test_an_aborted_rollout_switchover_unfences_the_old_primary() -> None:
-    _, view, status = settled()
     new = make_spec(image="img:2")
-    revision = spec_revision(new)
-    updated = with_members(view, *[replace(m, revision=revision) for m in view.members[1:]])
-    operation = Operation(
-        OperationKind.ROLLOUT,
-        started_at=NOW,
-        source="pg-0",
-        revision=revision,
-        plan=("pg-1", "pg-2", "pg-0"),
-        done=("pg-1", "pg-2"),
-    )
-    d1 = decide(new, updated, replace(status, operation=operation))
+    updated, status = _replicas_updated(make_spec(), new)
+    d1 = decide(new, updated, status)
     assert [type(a) for a in d1.actions] == [A.Fence]
     killed = replace(
         updated.members[0],
