@@ -25,7 +25,7 @@ from pathlib import Path
 from pgherd_backup.errors import PostgresError
 from pgherd_backup.postgres import postmaster
 from pgherd_backup.postgres.binaries import PgBinaries
-from pgherd_backup.postgres.process import give_to_pg, pg_popen
+from pgherd_backup.postgres.process import child_processes, give_to_pg, pg_popen
 
 log = logging.getLogger("pgherd.agent")
 
@@ -250,22 +250,6 @@ class PostmasterChild:
             child.exited.wait(10)
 
 
-def _children(parent: int) -> dict[int, str]:
-    """The processes whose parent is `parent`, with their state letter (Z: a zombie)."""
-    found: dict[int, str] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if len(fields) > 1 and int(fields[1]) == parent:
-            found[int(entry.name)] = fields[0]
-    return found
-
-
 class OrphanReaper:
     """As PID 1 of a container the agent inherits every orphan (the backends of a killed postmaster, the
     shell of an archive_command whose parent died) and must reap them, or they stay zombies. Only zombies
@@ -276,7 +260,7 @@ class OrphanReaper:
         self._seen: set[int] = set()
 
     def reap(self, keep: int | None = None) -> int:
-        zombies = {pid for pid, state in _children(os.getpid()).items() if state == "Z"}
+        zombies = {pid for pid, state in child_processes(os.getpid()).items() if state == "Z"}
         reaped = 0
         for pid in (zombies & self._seen) - {keep}:
             with contextlib.suppress(ChildProcessError):
@@ -291,13 +275,13 @@ def stop_children(timeout: float = 10.0) -> list[int]:
     the agent's exit) and wait for them, so that none outlives the agent writing into the data
     directory the next agent will find. Returns the pids signalled."""
     me = os.getpid()
-    children = [pid for pid, state in _children(me).items() if state not in ("Z", "X")]
+    children = [pid for pid, state in child_processes(me).items() if state not in ("Z", "X")]
     for pid in children:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and any(
-        _children(me).get(pid) not in (None, "Z", "X") for pid in children
+        child_processes(me).get(pid) not in (None, "Z", "X") for pid in children
     ):
         time.sleep(0.05)
     return children

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pgherd_backup.errors import PostgresError
 from pgherd_backup.postgres.binaries import PgBinaries
-from pgherd_backup.postgres.process import give_to_pg, pg_popen, pg_run
+from pgherd_backup.postgres.process import child_processes, give_to_pg, pg_popen, pg_run
 
 
 def default_log_file(pgdata: Path | str) -> Path:
@@ -88,27 +88,12 @@ def stop(
     )
 
 
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if len(fields) > 1 and int(fields[1]) == pid:
-            found.append(int(entry.name))
-    return found
-
-
 def kill(pgdata: Path | str, *, timeout: float = 10) -> None:
     """SIGKILL the postmaster and its children: a crash (tests, fencing). Returns once they are gone."""
     pid = postmaster_pid(pgdata)
     if pid is None:
         return
-    victims = [pid, *_children(pid)]
+    victims = [pid, *child_processes(pid)]
     for victim in victims:
         with contextlib.suppress(ProcessLookupError):
             os.kill(victim, signal.SIGKILL)

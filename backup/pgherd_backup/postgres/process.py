@@ -128,3 +128,19 @@ def grant_traverse(*paths: Path | str) -> list[Path]:
                     os.chmod(directory, (mode & 0o7777) | 0o001)
                     changed.append(directory)
     return changed
+
+
+def child_processes(parent: int) -> dict[int, str]:
+    """The processes whose parent is ``parent``, with their state letter (Z: a zombie), from /proc."""
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if len(fields) > 1 and int(fields[1]) == parent:
+            found[int(entry.name)] = fields[0]
+    return found

@@ -27,7 +27,7 @@ from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.engine import actions as act
 from pgherd.engine.view import JobKind, MemberView
 from pgherd.local.layout import SandboxPaths
-from pgherd.local.objects import ObjectStore, now_iso
+from pgherd.local.objects import ObjectStore
 from pgherd.local.observe import Observation
 from pgherd.local.platform import _FAST_SETTINGS, LocalPlatform
 from pgherd.local.pods import Credentials, Pods
@@ -36,7 +36,6 @@ from pgherd_backup.agent.client import AgentClient, AgentError, AgentUnreachable
 from pgherd_backup.agent.state import AgentState
 from pgherd_backup.agent.wire import ActionResult, FenceRequest, Status, lsn_value
 from pgherd_backup.postgres.config import OWNED_SETTINGS
-from pgherd_backup.postgres.process import make_pg_dir
 from pgherd_backup.postgres.seed import is_empty
 
 log = logging.getLogger("pgherd.sandbox")
@@ -406,37 +405,13 @@ class AgentPlatform(LocalPlatform):
             self._client(action.member).drop_slot(action.slot.replace("-", "_"), reason=action.reason)
 
     # --- restore: the job fills the volume while the pod is stopped --------------------------------------
-    def _do_StartRestore(self, action: act.StartRestore, spec: PostgresClusterSpec) -> None:
-        name = action.member
-        job = self.jobs.job(JobKind.RESTORE, action.restore)
-        if name not in self.members or (job.folder / "job.json").exists() or self.busy(name):
-            return
-        started_at = time.time()
+    def _clear_for_restore(self, name: str) -> Path | None:
         # Stopped in this tick and the job launched before the next one: keep_running then sees the
-        # member being filled (see _restoring) and leaves its pod stopped.
+        # member being filled (see _restoring) and leaves its pod stopped. The old data stays on the
+        # member's own volume.
         self.pods.stop(name, bound=15)
         pgdata = self.paths.member_data(name)
-        kept = self._keep_on_volume(name) if pgdata.exists() and not is_empty(pgdata) else None
-        try:
-            snapshot = self._snapshot_id(action.backup, action.snapshot_id)
-        except ValueError as exc:
-            job.folder.mkdir(parents=True, exist_ok=True)
-            (job.folder / "stderr").write_text(str(exc) + "\n")
-            (job.folder / "rc").write_text("1\n")
-            job.set_meta(member=name)
-            return
-        make_pg_dir(pgdata)
-        self.jobs.start(
-            JobKind.RESTORE,
-            action.restore,
-            self._restore_command(pgdata, snapshot, action.target),
-            self.pg_env(),
-            member=name,
-            kept_aside=str(kept) if kept else None,
-            started_at=started_at,
-            snapshot=snapshot,
-        )
-        self.objects.update_status("Restore", action.restore, startedAt=now_iso(), snapshotId=snapshot)
+        return self._keep_on_volume(name) if pgdata.exists() and not is_empty(pgdata) else None
 
     def _agent_state_file(self, name: str) -> Path:
         return self.paths.member_dir(name) / "agent" / "state.json"

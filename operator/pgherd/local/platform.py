@@ -988,9 +988,8 @@ class LocalPlatform:
         if name not in self.members or (job.folder / "job.json").exists() or self.busy(name):
             return
         started_at = time.time()
-        self._stop(name, fast_timeout=5)
+        kept = self._clear_for_restore(name)
         pgdata = self.paths.member_data(name)
-        kept = self._keep_aside(name) if pgdata.exists() else None
         try:
             snapshot = self._snapshot_id(action.backup, action.snapshot_id)
         except ValueError as exc:
@@ -1011,6 +1010,11 @@ class LocalPlatform:
             snapshot=snapshot,
         )
         self.objects.update_status("Restore", action.restore, startedAt=now_iso(), snapshotId=snapshot)
+
+    def _clear_for_restore(self, name: str) -> Path | None:
+        """Stop the member and move its data aside for a restore; where it went, if anywhere."""
+        self._stop(name, fast_timeout=5)
+        return self._keep_aside(name) if self.paths.member_data(name).exists() else None
 
     def _do_CreateBackup(self, action: act.CreateBackup, spec: PostgresClusterSpec) -> None:
         self.objects.create_backup(action.name)
