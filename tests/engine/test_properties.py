@@ -143,7 +143,7 @@ class ClusterMachine(RuleBasedStateMachine):
         restarts = [a for a in decision.actions if isinstance(a, A.RestartMember)]
         assert len(restarts) <= 1, "a rollout restarts one member at a time"
 
-    def _planned_restart(self, before: EngineStatus, now: object) -> bool:
+    def _planned_restart(self, before: EngineStatus) -> bool:
         operation = before.operation
         if operation is None or operation.kind is not OperationKind.ROLLOUT:
             return False
@@ -197,7 +197,7 @@ class ClusterMachine(RuleBasedStateMachine):
             isinstance(action, A.Fence | A.StartRestore)
             or (isinstance(action, A.Promote) and action.member != before.current_primary)
         ):
-            assert not self._planned_restart(before, view.now), (
+            assert not self._planned_restart(before), (
                 f"{type(action).__name__} {action} during a planned restart of the primary"
             )
         if isinstance(action, A.DeleteMember):
