@@ -1,0 +1,1 @@
+"""The Kubernetes adapter: builders, the emulated API server, the operator in-process."""
