@@ -48,6 +48,15 @@ def _store_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _result_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--result-file",
+        default=None,
+        metavar="PATH",
+        help="also write the JSON summary there, compact and within 4096 bytes (a Job's /dev/termination-log)",
+    )
+
+
 def _open_store(args: argparse.Namespace) -> Any:
     from pgherd_backup.store import S3Settings, Store, StoreLocation
 
@@ -66,6 +75,46 @@ def _open_store(args: argparse.Namespace) -> Any:
 
 def _print_json(value: object) -> None:
     sys.stdout.write(json.dumps(value, indent=2, sort_keys=True, default=str) + "\n")
+
+
+# A Kubernetes termination message holds at most 4096 bytes: the operator reads a Job's result there.
+RESULT_LIMIT = 4096
+
+
+def result_document(value: dict[str, Any], limit: int = RESULT_LIMIT) -> str:
+    """`value` as compact JSON of at most `limit` bytes. Lists too long to fit keep their newest
+    (last) items, the number they had goes to `<key>_total` and `truncated` is true; scalars stay whole."""
+    document = dict(value)
+
+    def encoded() -> str:
+        return json.dumps(document, sort_keys=True, separators=(",", ":"), default=str)
+
+    text = encoded()
+    while len(text.encode()) > limit:
+        lists = [k for k, v in document.items() if isinstance(v, list) and v]
+        if not lists:  # scalars alone too long: not a summary this module makes
+            return json.dumps({"truncated": True})
+        key = max(lists, key=lambda k: len(json.dumps(document[k], default=str)))
+        items = document[key]
+        document.setdefault(f"{key}_total", len(value[key]))
+        document[key] = items[len(items) // 2 + 1 :] if len(items) > 1 else []
+        document["truncated"] = True
+        text = encoded()
+    return text
+
+
+def _emit(value: dict[str, Any], result_file: str | None) -> None:
+    """The command's JSON summary on stdout and, with --result-file, compact and bounded in that file
+    (a Job's /dev/termination-log: its result outlives the pod's logs)."""
+    _print_json(value)
+    if result_file:
+        # The work is done: a result that cannot be written is reported, never a reason to fail (a Job
+        # would take its snapshot again). The summary is on stdout as well.
+        try:
+            with open(result_file, "w", encoding="utf-8") as handle:
+                handle.write(result_document(value))
+        except OSError as exc:
+            sys.stderr.write(f"pgherd-backup: warning: cannot write {result_file} ({exc.strerror})\n")
 
 
 # -- backup commands ----------------------------------------------------------------------------
@@ -93,7 +142,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         verify_checksums=not args.no_verify_checksums,
     )
     manifest = take_snapshot(store, args.source, options=options, progress=Progress("snapshot"))
-    _print_json(manifest.summary() | {"store": store.location.url()})
+    _emit(manifest.summary() | {"store": store.location.url()}, args.result_file)
     return 0
 
 
@@ -217,7 +266,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     store.check()
     within = parse_duration(args.keep_within) if args.keep_within else None
     report = prune(store, keep_last=args.keep_last, keep_within=within, dry_run=args.dry_run)
-    _print_json(report.as_dict())
+    _emit(report.as_dict(), args.result_file)
     return 0
 
 
@@ -345,6 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not have the server verify page checksums while sending (faster, finds no corruption)",
     )
+    _result_option(p)
     p.set_defaults(func=cmd_snapshot)
 
     p = sub.add_parser("wal-push", help="archive one WAL file (archive_command)")
@@ -392,6 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-last", type=int, default=None)
     p.add_argument("--keep-within", default=None, help="e.g. 7d, 12h, P7D")
     p.add_argument("--dry-run", action="store_true")
+    _result_option(p)
     p.set_defaults(func=cmd_prune)
 
     instance = sub.add_parser("instance", help="seed, start and rejoin a PostgreSQL member")
