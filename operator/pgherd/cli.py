@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from pgherd import __version__
-from pgherd.commands import crds, instance, sandbox, validate
+from pgherd.commands import crds, instance, operator, sandbox, validate
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     validate.register(sub)
     sandbox.register(sub)
     instance.register(sub)
+    operator.register(sub)
     return parser
 
 

@@ -1,0 +1,87 @@
+"""`pgherd operator`: the Kubernetes operator (kopf underneath; see docs/kube.md).
+
+    pgherd operator [--namespace NS ...| --all-namespaces] [--leader-elect] [--liveness URL] [--log-level L]
+
+Credentials: in-cluster (the pod's ServiceAccount), else the current kubeconfig context. With
+--leader-elect, only the holder of the Lease named by PGHERD_LEADER_ELECTION_LEASE (in POD_NAMESPACE)
+acts; the others watch and wait to take over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+
+from pgherd.kube.handlers import Election, Operator, run
+from pgherd.kube.loop import OperatorConfig
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "operator",
+        help="run the Kubernetes operator",
+        description="The pgherd operator: one loop per PostgresCluster, on kopf.",
+    )
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument(
+        "--namespace", "-n", action="append", default=[], metavar="NS", help="serve this namespace (repeat)"
+    )
+    scope.add_argument(
+        "--all-namespaces", "-A", action="store_true", help="serve every namespace (the default)"
+    )
+    p.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="act only while holding the Lease $PGHERD_LEADER_ELECTION_LEASE in $POD_NAMESPACE",
+    )
+    p.add_argument(
+        "--liveness", metavar="URL", help="serve a health endpoint, e.g. http://0.0.0.0:8080/healthz"
+    )
+    p.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="log level (default info)")
+    p.add_argument(
+        "--member-address",
+        choices=("dns", "ip"),
+        default=os.environ.get("PGHERD_MEMBER_ADDRESS") or "dns",
+        help="how members reach each other: their DNS name through the headless Service (default) or pod IP",
+    )
+    p.set_defaults(func=main)
+
+
+def election_from_env() -> Election:
+    lease = os.environ.get("PGHERD_LEADER_ELECTION_LEASE") or "pgherd-leader"
+    namespace = os.environ.get("POD_NAMESPACE")
+    if not namespace:
+        try:
+            with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as handle:
+                namespace = handle.read().strip()
+        except OSError:
+            namespace = "default"
+    identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+    return Election(namespace=namespace, name=lease, identity=identity)
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+    for noisy in ("aiohttp.access", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    config = OperatorConfig(
+        postgres_image=os.environ.get("PGHERD_POSTGRES_IMAGE") or "",
+        member_address=args.member_address,
+    )
+    operator = Operator(config=config, election=election_from_env() if args.leader_elect else None)
+    run(
+        operator,
+        namespaces=args.namespace,
+        clusterwide=not args.namespace,
+        liveness=args.liveness,
+    )
+    return 0

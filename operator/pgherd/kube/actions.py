@@ -1,0 +1,414 @@
+"""The engine's actions on Kubernetes: agent calls, pod role labels, pods, PVCs, StatefulSet replicas,
+Jobs, Backup and Restore status, Events.
+
+Each action is idempotent here as the engine requires: it is repeated until its effect is observed.
+Every action first checks that this operator still holds the leadership (``may_act``): a replica that
+lost the Lease stops at once, even in the middle of a decision's action list.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pgherd.api.cluster import PostgresClusterSpec
+from pgherd.engine import actions as act
+from pgherd.kube import names
+from pgherd.kube.agents import Agents
+from pgherd.kube.api import ApiError, KubeApi
+from pgherd.kube.observe import ClusterObjects, pod_ip
+from pgherd_backup.agent.client import AgentError, AgentUnreachable
+from pgherd_backup.agent.wire import FenceRequest, Status
+
+log = logging.getLogger("pgherd.kube.actions")
+
+FENCE_TIMEOUT = 30.0
+JSON = dict[str, Any]
+
+
+class NotLeader(Exception):
+    """Leadership was lost: apply nothing more."""
+
+
+@dataclass
+class ActContext:
+    api: KubeApi
+    objects: ClusterObjects
+    spec: PostgresClusterSpec
+    statuses: Mapping[str, Status | None]
+    agents: Agents
+    current_primary: str | None
+    member_address: Callable[[str], str | None]  # host:port of a member's PostgreSQL, for seeds/rejoins
+    may_act: Callable[[], bool]
+    snapshot_job: Callable[[str, str, str], JSON]  # (backup, member, member host) -> Job
+    prune_job: Callable[[act.Prune], JSON]
+    event: Callable[[act.RecordEvent], Awaitable[None]]
+
+    @property
+    def namespace(self) -> str:
+        return self.objects.namespace
+
+    @property
+    def cluster(self) -> str:
+        return self.objects.name
+
+
+async def apply_all(ctx: ActContext, actions: tuple[act.Action, ...]) -> None:
+    """Apply in order, stopping at the first failure (later actions may rely on it: no Promote after
+    a failed SetSynchronousStandbys); the engine re-issues what is still needed next time."""
+    for index, action in enumerate(actions):
+        if not ctx.may_act():
+            raise NotLeader()
+        if not isinstance(action, act.RecordEvent | act.UpdateBackup | act.UpdateRestore):
+            log.debug("%s/%s: %s", ctx.namespace, ctx.cluster, action)
+        try:
+            await apply(ctx, action)
+        except (ApiError, AgentError, OSError) as exc:
+            skipped = ", ".join(type(a).__name__ for a in actions[index + 1 :]) or "none"
+            log.warning(
+                "%s/%s: %s failed: %s; not applied: %s",
+                ctx.namespace,
+                ctx.cluster,
+                type(action).__name__,
+                exc,
+                skipped,
+            )
+            return
+
+
+async def apply(ctx: ActContext, action: act.Action) -> None:
+    handler = _HANDLERS[type(action)]
+    await handler(ctx, action)
+
+
+def _ip(ctx: ActContext, member: str) -> str | None:
+    return pod_ip(ctx.objects.pod(member))
+
+
+def _status(ctx: ActContext, member: str) -> Status | None:
+    return ctx.statuses.get(member)
+
+
+async def _set_replicas(ctx: ActContext, replicas: int) -> None:
+    await ctx.api.patch(
+        "StatefulSet", ctx.namespace, names.statefulset(ctx.cluster), {"spec": {"replicas": replicas}}
+    )
+    if ctx.objects.statefulset is not None:
+        ctx.objects.statefulset.setdefault("spec", {})["replicas"] = replicas
+
+
+async def _label(ctx: ActContext, member: str, role: str | None) -> None:
+    pod = ctx.objects.pod(member)
+    if pod is None:
+        return
+    labels = pod["metadata"].setdefault("labels", {})
+    if labels.get(names.LABEL_ROLE) == role:
+        return
+    await ctx.api.patch("Pod", ctx.namespace, member, {"metadata": {"labels": {names.LABEL_ROLE: role}}})
+    if role is None:
+        labels.pop(names.LABEL_ROLE, None)
+    else:
+        labels[names.LABEL_ROLE] = role
+
+
+async def create_member(ctx: ActContext, action: act.CreateMember) -> None:
+    if ctx.objects.replicas() <= action.ordinal:
+        await _set_replicas(ctx, action.ordinal + 1)
+        return  # the StatefulSet controller creates the pod; it is seeded once its agent answers
+    status, ip = _status(ctx, action.member), _ip(ctx, action.member)
+    if status is None or ip is None or status.data_present or status.action is not None:
+        return
+    upstream = None
+    source = action.source or action.upstream
+    if action.seed is act.Seed.BASEBACKUP:
+        upstream = ctx.member_address(source) if source else None
+        if upstream is None:
+            return
+    elif action.seed is act.Seed.SNAPSHOT and action.upstream:
+        upstream = ctx.member_address(action.upstream)
+    snapshot = action.source if action.seed is act.Seed.SNAPSHOT else None
+    ctx.agents.spawn(
+        action.member,
+        ip,
+        "seed",
+        lambda c: c.seed(
+            action.seed.value,
+            upstream=upstream,
+            snapshot=snapshot,
+            target=action.target,
+            reason=action.reason,
+        ),
+    )
+
+
+async def delete_member(ctx: ActContext, action: act.DeleteMember) -> None:
+    ordinal = int(action.member.rsplit("-", 1)[1])
+    if ctx.objects.replicas() > ordinal:
+        if ctx.objects.replicas() != ordinal + 1:
+            log.warning("not deleting %s: only the highest ordinal can leave a StatefulSet", action.member)
+            return
+        await _set_replicas(ctx, ordinal)
+    if not action.keep_data:
+        # PVC protection keeps the volume until its pod is gone; the data goes only on this request.
+        await ctx.api.delete("PersistentVolumeClaim", ctx.namespace, names.pvc(ctx.cluster, action.member))
+
+
+async def restart_member(ctx: ActContext, action: act.RestartMember) -> None:
+    """A new pod at the new revision (OnDelete); a planned primary restart then starts read-write on
+    the engine's explicit order (the agent itself only ever starts a restarted member read-only)."""
+    pod = ctx.objects.pod(action.member)
+    if pod is None or ctx.agents.busy(action.member):
+        return
+    status = _status(ctx, action.member)
+    template_revision = (pod["metadata"].get("labels") or {}).get(names.LABEL_REVISION)
+    if template_revision != action.revision:
+        if pod["metadata"].get("deletionTimestamp"):
+            return
+        await ctx.api.delete("Pod", ctx.namespace, action.member, uid=pod["metadata"].get("uid"))
+        return
+    ip = _ip(ctx, action.member)
+    if not action.primary or status is None or ip is None or status.fenced:
+        return
+    if status.role == "primary" or status.action is not None:
+        return
+    ctx.agents.spawn(
+        action.member,
+        ip,
+        "restart as primary",
+        lambda c: c.restart(action.revision, primary=True, reason=action.reason),
+    )
+
+
+async def fence(ctx: ActContext, action: act.Fence) -> None:
+    """Out of the rw Service first, then the agent stops PostgreSQL and keeps it stopped. A member
+    whose agent does not answer has its pod deleted: the kubelet kills it, and the pod object goes
+    only once the kubelet confirms, which is the evidence the engine waits for."""
+    await _label(ctx, action.member, None)
+    pod = ctx.objects.pod(action.member)
+    ip = _ip(ctx, action.member)
+    if pod is None:
+        return
+    if ip is not None:
+        try:
+            await ctx.agents.call(
+                action.member,
+                ip,
+                "fence",
+                lambda c: c.act(FenceRequest(reason=action.reason), timeout=FENCE_TIMEOUT),
+            )
+            return
+        except AgentUnreachable as exc:
+            log.warning("fencing %s: its agent does not answer (%s): deleting its pod", action.member, exc)
+    if not pod["metadata"].get("deletionTimestamp"):
+        await ctx.api.delete(
+            "Pod", ctx.namespace, action.member, grace_seconds=0, uid=pod["metadata"].get("uid")
+        )
+
+
+async def _spawned(ctx: ActContext, member: str, what: str, fn: Callable[[Any], Any]) -> None:
+    ip = _ip(ctx, member)
+    if ip is None or ctx.objects.pod(member) is None:
+        return
+    ctx.agents.spawn(member, ip, what, fn)
+
+
+async def demote(ctx: ActContext, action: act.Demote) -> None:
+    await _spawned(ctx, action.member, "read-only start", lambda c: c.demote(reason=action.reason))
+
+
+async def unfence(ctx: ActContext, action: act.Unfence) -> None:
+    primary = action.member == ctx.current_primary  # read-write only for the recorded primary
+    await _spawned(ctx, action.member, "unfence", lambda c: c.unfence(primary=primary, reason=action.reason))
+
+
+async def promote(ctx: ActContext, action: act.Promote) -> None:
+    ip = _ip(ctx, action.member)
+    if ip is None or ctx.agents.busy(action.member):
+        return
+    await ctx.agents.call(action.member, ip, "promote", lambda c: c.promote(reason=action.reason))
+
+
+async def set_primary(ctx: ActContext, action: act.SetPrimary) -> None:
+    """Never two pods labelled primary: the others lose the label before the new one gets it."""
+    for pod in ctx.objects.pods:
+        name = pod["metadata"]["name"]
+        if (
+            name != action.member
+            and (pod["metadata"].get("labels") or {}).get(names.LABEL_ROLE) == names.ROLE_PRIMARY
+        ):
+            await _label(ctx, name, names.ROLE_REPLICA)
+    await _label(ctx, action.member, names.ROLE_PRIMARY)
+
+
+async def set_sync(ctx: ActContext, action: act.SetSynchronousStandbys) -> None:
+    ip = _ip(ctx, action.member)
+    if ip is None or ctx.agents.busy(action.member):
+        return
+    value = action.config.render()
+    status = _status(ctx, action.member)
+    if status is not None and status.synchronous_standby_names == value:
+        return
+    await ctx.agents.call(action.member, ip, "set-sync", lambda c: c.set_sync(value, reason=action.reason))
+
+
+async def rejoin(ctx: ActContext, action: act.Rejoin) -> None:
+    if action.member == action.upstream:
+        log.error("refusing to rejoin %s to itself (%s)", action.member, action.reason)
+        return
+    upstream = ctx.member_address(action.upstream)
+    if upstream is None:
+        return
+    await _spawned(
+        ctx,
+        action.member,
+        "rejoin",
+        lambda c: c.rejoin(upstream, reclone=action.reclone, reason=action.reason),
+    )
+
+
+async def drop_slot(ctx: ActContext, action: act.DropReplicationSlot) -> None:
+    ip = _ip(ctx, action.member)
+    if ip is None:
+        return
+    try:
+        await ctx.agents.call(
+            action.member,
+            ip,
+            "drop-slot",
+            lambda c: c.drop_slot(action.slot.replace("-", "_"), reason=action.reason),
+        )
+    except AgentError as exc:  # refused while a standby still uses it: asked again
+        log.info("drop-slot %s on %s: %s", action.slot, action.member, exc)
+
+
+async def start_snapshot(ctx: ActContext, action: act.StartSnapshot) -> None:
+    host = ctx.member_address(action.member)
+    if host is None:
+        return
+    job = ctx.snapshot_job(action.backup, action.member, host)
+    job["metadata"].setdefault("labels", {})[names.LABEL_MEMBER] = action.member
+    try:
+        await ctx.api.create("Job", ctx.namespace, job)
+    except ApiError as exc:
+        if not exc.conflict:
+            raise
+
+
+async def start_restore(ctx: ActContext, action: act.StartRestore) -> None:
+    log.warning("restore %s into %s: not yet carried out on Kubernetes", action.restore, action.member)
+
+
+async def create_backup(ctx: ActContext, action: act.CreateBackup) -> None:
+    body = {
+        "apiVersion": names.API_VERSION,
+        "kind": "Backup",
+        "metadata": {
+            "name": action.name,
+            "namespace": ctx.namespace,
+            "labels": {names.LABEL_CLUSTER: ctx.cluster},
+        },
+        "spec": {"cluster": {"name": ctx.cluster}},
+    }
+    try:
+        await ctx.api.create("Backup", ctx.namespace, body)
+    except ApiError as exc:
+        if not exc.conflict:
+            raise
+
+
+def _stamp() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def update_backup(ctx: ActContext, action: act.UpdateBackup) -> None:
+    status: JSON = {"phase": action.phase}
+    if action.source_member is not None:
+        status["sourceMember"] = action.source_member
+    if action.error is not None:
+        status["error"] = action.error
+    if action.phase == "Running":
+        status["startedAt"] = _stamp()
+    if action.phase in ("Completed", "Failed"):
+        status["completedAt"] = _stamp()
+        status.update(_snapshot_summary(ctx, action.name))
+    await ctx.api.patch("Backup", ctx.namespace, action.name, {"status": status}, subresource="status")
+
+
+def _snapshot_summary(ctx: ActContext, backup: str) -> JSON:
+    from pgherd.kube.observe import job_result
+
+    job = next(
+        (
+            j
+            for j in ctx.objects.jobs
+            if (j["metadata"].get("labels") or {}).get(names.LABEL_BACKUP) == backup
+        ),
+        None,
+    )
+    if job is None:
+        return {}
+    result = job_result(ctx.objects, job)
+    keys = {
+        "backupId": ("backupId", "backup_id", "id"),
+        "startLSN": ("startLSN", "start_lsn"),
+        "endLSN": ("endLSN", "end_lsn", "stop_lsn"),
+        "timeline": ("timeline",),
+        "size": ("size",),
+        "storedSize": ("storedSize", "stored_size"),
+        "storePath": ("storePath", "store_path", "path"),
+        "verified": ("verified",),
+    }
+    out: JSON = {}
+    for key, candidates in keys.items():
+        for candidate in candidates:
+            if result.get(candidate) is not None:
+                out[key] = result[candidate]
+                break
+    return out
+
+
+async def update_restore(ctx: ActContext, action: act.UpdateRestore) -> None:
+    status: JSON = {"phase": action.phase}
+    if action.error is not None:
+        status["error"] = action.error
+    if action.restored_timeline is not None:
+        status["restoredTimeline"] = action.restored_timeline
+    await ctx.api.patch("Restore", ctx.namespace, action.name, {"status": status}, subresource="status")
+
+
+async def prune(ctx: ActContext, action: act.Prune) -> None:
+    job = ctx.prune_job(action)
+    try:
+        await ctx.api.create("Job", ctx.namespace, job)
+    except ApiError as exc:
+        if not exc.conflict:
+            raise
+
+
+async def record_event(ctx: ActContext, action: act.RecordEvent) -> None:
+    await ctx.event(action)
+
+
+_HANDLERS: dict[type, Callable[[ActContext, Any], Awaitable[None]]] = {
+    act.CreateMember: create_member,
+    act.DeleteMember: delete_member,
+    act.RestartMember: restart_member,
+    act.Fence: fence,
+    act.Demote: demote,
+    act.Unfence: unfence,
+    act.Promote: promote,
+    act.SetPrimary: set_primary,
+    act.SetSynchronousStandbys: set_sync,
+    act.Rejoin: rejoin,
+    act.DropReplicationSlot: drop_slot,
+    act.StartSnapshot: start_snapshot,
+    act.StartRestore: start_restore,
+    act.CreateBackup: create_backup,
+    act.UpdateBackup: update_backup,
+    act.UpdateRestore: update_restore,
+    act.Prune: prune,
+    act.RecordEvent: record_event,
+}

@@ -1,0 +1,124 @@
+"""The members' agents as the operator reaches them: HTTPS to each pod's IP, the cluster CA, the
+operator's bearer token, and the certificate name checked (see builders.secrets.agent_server_hostname).
+
+AgentClient is synchronous (http.client): calls run in threads so that one slow member never holds
+the operator's event loop. Long actions (seed, rejoin, demote, unfence, restart, restore) run as one
+background task per member: ``busy(member)`` says whether one is still running, and the engine simply
+repeats a step until it observes its effect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pgherd.agentview import STATUS_TIMEOUT
+from pgherd_backup.agent.client import AgentClient, AgentError
+from pgherd_backup.agent.wire import ActionResult, Status
+
+log = logging.getLogger("pgherd.kube.agents")
+
+
+class Agents:
+    """The agents of one cluster."""
+
+    def __init__(
+        self,
+        cluster: str,
+        *,
+        token: str,
+        ca_pem: str | None,
+        server_hostname: Callable[[str], str | None],
+        scheme: str = "https",
+        port: int = 8008,
+    ) -> None:
+        self.cluster = cluster
+        self.token = token
+        self.scheme = scheme
+        self.port = port
+        self.server_hostname = server_hostname
+        self._ca_file: Path | None = None
+        if ca_pem is not None:
+            folder = Path(tempfile.mkdtemp(prefix=f"pgherd-{cluster}-"))
+            self._ca_file = folder / "ca.crt"
+            self._ca_file.write_text(ca_pem)
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def client(self, member: str, ip: str) -> AgentClient:
+        host = f"[{ip}]" if ":" in ip else ip
+        return AgentClient(
+            f"{self.scheme}://{host}:{self.port}",
+            ca_file=self._ca_file,
+            token=self.token,
+            server_hostname=self.server_hostname(member),
+        )
+
+    async def statuses(
+        self, addresses: Mapping[str, str], timeout: float = STATUS_TIMEOUT
+    ) -> dict[str, Status | None]:
+        """Every member's /status at once; None for one that did not answer within ``timeout``."""
+
+        async def one(member: str, ip: str) -> Status | None:
+            try:
+                return await asyncio.to_thread(self.client(member, ip).status, timeout)
+            except AgentError:
+                return None
+            except OSError:
+                return None
+
+        names = list(addresses)
+        results = await asyncio.gather(*(one(n, addresses[n]) for n in names))
+        return dict(zip(names, results, strict=True))
+
+    async def call(
+        self, member: str, ip: str, what: str, fn: Callable[[AgentClient], ActionResult]
+    ) -> ActionResult:
+        """A short action, awaited (fence, promote, set-sync, drop-slot)."""
+        result = await asyncio.to_thread(fn, self.client(member, ip))
+        _log(member, what, result)
+        return result
+
+    def busy(self, member: str) -> bool:
+        task = self._tasks.get(member)
+        return task is not None and not task.done()
+
+    def spawn(self, member: str, ip: str, what: str, fn: Callable[[AgentClient], Any]) -> bool:
+        """Start a long action in the background unless one already runs on the member."""
+        if self.busy(member):
+            return False
+        client = self.client(member, ip)
+
+        async def run() -> None:
+            try:
+                result = await asyncio.to_thread(fn, client)
+                if isinstance(result, ActionResult):
+                    _log(member, what, result)
+            except AgentError as exc:
+                log.warning("%s of %s failed: %s", what, member, exc)
+            except Exception:
+                log.exception("%s of %s failed", what, member)
+
+        self._tasks[member] = asyncio.get_running_loop().create_task(run(), name=f"{what} {member}")
+        return True
+
+    async def close(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+        for task in self._tasks.values():
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # closing: results no longer matter
+                await task
+        self._tasks.clear()
+        if self._ca_file is not None:
+            self._ca_file.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                self._ca_file.parent.rmdir()
+
+
+def _log(member: str, what: str, result: ActionResult) -> None:
+    if result.changed:
+        log.info("%s %s: %s", what, member, result.detail or "done")

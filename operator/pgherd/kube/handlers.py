@@ -1,0 +1,264 @@
+"""kopf's side of `pgherd operator`: a registry of handlers built per operator instance (so that tests
+run two operators in one process), kopf's settings under pgherd.io names, and the per-cluster daemon.
+
+- Indexes (fed by kopf's watches): member and Job pods, PVCs, Jobs, StatefulSets of every cluster,
+  Backups and Restores by cluster. The daemon reads them: no list request per tick.
+- A daemon per PostgresCluster runs ClusterLoop.tick() while this operator holds the Lease; kopf
+  cancels it (``cancellation_timeout``) when the cluster is deleted, so deletion is never blocked.
+- Watch events on a cluster or its pods wake its loop at once.
+- No kopf peering: leader election is pgherd's own Lease (see leader.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from pgherd.kube import names
+from pgherd.kube.api import Credentials, KubeApi
+from pgherd.kube.leader import AlwaysLeader, LeaderElector
+from pgherd.kube.loop import ClusterLoop, OperatorConfig, Wakeups
+from pgherd.kube.observe import ClusterObjects
+
+log = logging.getLogger("pgherd.kube")
+
+CANCELLATION_TIMEOUT = 10.0
+JSON = dict[str, Any]
+
+
+@dataclass
+class Election:
+    """--leader-elect: the Lease's namespace and name, and this replica's identity."""
+
+    namespace: str
+    name: str
+    identity: str
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry: float = 2.0
+
+
+@dataclass
+class Operator:
+    config: OperatorConfig = field(default_factory=OperatorConfig)
+    election: Election | None = None
+    credentials: Credentials | None = None  # None: discovered at startup (in-cluster, else kubeconfig)
+    api: KubeApi | None = None
+    leader: LeaderElector | AlwaysLeader | None = None
+    wakeups: Wakeups = field(default_factory=Wakeups)
+    loops: dict[tuple[str, str], ClusterLoop] = field(default_factory=dict)
+    _election_task: asyncio.Task[None] | None = None
+
+    def holding(self) -> bool:
+        return self.leader is not None and self.leader.holding()
+
+
+def _key(namespace: str | None, cluster: str | None) -> tuple[str, str] | None:
+    return None if namespace is None or cluster is None else (namespace, cluster)
+
+
+def _plain(body: kopf.Body) -> JSON:
+    return {k: v for k, v in dict(body).items()}
+
+
+def _values(index: kopf.Index[Any, Any], key: tuple[str, str]) -> list[JSON]:
+    store = index.get(key)
+    return list(store) if store is not None else []
+
+
+def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSettings]:
+    registry = kopf.OperatorRegistry()
+    settings = kopf.OperatorSettings()
+    settings.persistence.finalizer = names.FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.PROGRESS_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=names.PROGRESS_PREFIX, key="last-handled-configuration"
+    )
+    settings.peering.standalone = True
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    settings.networking.request_timeout = 30
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo:
+        if operator.credentials is not None:
+            creds = operator.credentials
+            return kopf.ConnectionInfo(
+                server=creds.server,
+                token=creds.token,
+                scheme="Bearer" if creds.token else None,
+                insecure=creds.ssl_context is False,
+            )
+        info = Credentials.kopf_login(kwargs["settings"])
+        operator.credentials = Credentials.from_kopf(info)
+        return info
+
+    @kopf.on.startup(registry=registry)
+    async def startup(**_: Any) -> None:
+        if operator.credentials is None:
+            operator.credentials = Credentials.discover()
+        operator.api = KubeApi(operator.credentials)
+        if operator.election is None:
+            operator.leader = AlwaysLeader()
+        else:
+            e = operator.election
+            operator.leader = LeaderElector(
+                operator.api,
+                e.namespace,
+                e.name,
+                e.identity,
+                lease_duration=e.lease_duration,
+                renew_deadline=e.renew_deadline,
+                retry=e.retry,
+            )
+        operator._election_task = asyncio.get_running_loop().create_task(operator.leader.run(), name="leader")
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(**_: Any) -> None:
+        if operator._election_task is not None:
+            operator._election_task.cancel()
+        for loop in list(operator.loops.values()):
+            await loop.close()
+        if operator.api is not None:
+            await operator.api.close()
+
+    cluster_labels = {names.LABEL_CLUSTER: kopf.PRESENT}
+
+    @kopf.index("pods", labels=cluster_labels, registry=registry)
+    def pgherd_pods(**kwargs: Any) -> Any:
+        key = _key(kwargs["namespace"], kwargs["labels"].get(names.LABEL_CLUSTER))
+        if key is None:
+            return None
+        operator.wakeups.wake(*key)
+        return {key: _plain(kwargs["body"])}
+
+    @kopf.index("persistentvolumeclaims", labels=cluster_labels, registry=registry)
+    def pgherd_pvcs(**kwargs: Any) -> Any:
+        key = _key(kwargs["namespace"], kwargs["labels"].get(names.LABEL_CLUSTER))
+        return None if key is None else {key: _plain(kwargs["body"])}
+
+    @kopf.index("batch", "v1", "jobs", labels=cluster_labels, registry=registry)
+    def pgherd_jobs(**kwargs: Any) -> Any:
+        key = _key(kwargs["namespace"], kwargs["labels"].get(names.LABEL_CLUSTER))
+        if key is None:
+            return None
+        operator.wakeups.wake(*key)
+        return {key: _plain(kwargs["body"])}
+
+    @kopf.index("apps", "v1", "statefulsets", labels=cluster_labels, registry=registry)
+    def pgherd_statefulsets(**kwargs: Any) -> Any:
+        key = _key(kwargs["namespace"], kwargs["labels"].get(names.LABEL_CLUSTER))
+        return None if key is None else {key: _plain(kwargs["body"])}
+
+    @kopf.index(names.GROUP, names.VERSION, names.PLURAL_BACKUPS, registry=registry)
+    def pgherd_backups(**kwargs: Any) -> Any:
+        key = _key(kwargs["namespace"], (kwargs["spec"].get("cluster") or {}).get("name"))
+        if key is None:
+            return None
+        operator.wakeups.wake(*key)
+        return {key: _plain(kwargs["body"])}
+
+    @kopf.index(names.GROUP, names.VERSION, names.PLURAL_RESTORES, registry=registry)
+    def pgherd_restores(**kwargs: Any) -> Any:
+        key = _key(kwargs["namespace"], (kwargs["spec"].get("cluster") or {}).get("name"))
+        if key is None:
+            return None
+        operator.wakeups.wake(*key)
+        return {key: _plain(kwargs["body"])}
+
+    @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL_CLUSTERS, registry=registry)
+    def wake_cluster(**kwargs: Any) -> None:
+        operator.wakeups.wake(kwargs["namespace"], kwargs["name"])
+
+    @kopf.on.delete(names.GROUP, names.VERSION, names.PLURAL_CLUSTERS, registry=registry, optional=True)
+    def deleted(**kwargs: Any) -> None:
+        log.info("%s/%s deleted: its volumes (PVCs) are kept", kwargs["namespace"], kwargs["name"])
+
+    @kopf.daemon(
+        names.GROUP,
+        names.VERSION,
+        names.PLURAL_CLUSTERS,
+        registry=registry,
+        cancellation_timeout=CANCELLATION_TIMEOUT,
+        initial_delay=0,
+    )
+    async def cluster_daemon(**kwargs: Any) -> None:
+        namespace: str = kwargs["namespace"]
+        name: str = kwargs["name"]
+        body: kopf.Body = kwargs["body"]
+        stopped: kopf.DaemonStopped = kwargs["stopped"]
+        key = (namespace, name)
+        pods: kopf.Index[Any, Any] = kwargs["pgherd_pods"]
+        pvcs: kopf.Index[Any, Any] = kwargs["pgherd_pvcs"]
+        job_index: kopf.Index[Any, Any] = kwargs["pgherd_jobs"]
+        statefulsets: kopf.Index[Any, Any] = kwargs["pgherd_statefulsets"]
+        backups: kopf.Index[Any, Any] = kwargs["pgherd_backups"]
+        restores: kopf.Index[Any, Any] = kwargs["pgherd_restores"]
+
+        def gather(cluster: JSON) -> ClusterObjects:
+            all_pods = _values(pods, key)
+            member_pods = [p for p in all_pods if _component(p) == names.COMPONENT_POSTGRES]
+            sets = [s for s in _values(statefulsets, key) if s["metadata"]["name"] == names.statefulset(name)]
+            return ClusterObjects(
+                cluster=cluster,
+                pods=member_pods,
+                job_pods=[p for p in all_pods if _component(p) != names.COMPONENT_POSTGRES],
+                pvcs=_values(pvcs, key),
+                jobs=_values(job_index, key),
+                statefulset=sets[0] if sets else None,
+                backups=_values(backups, key),
+                restores=_values(restores, key),
+            )
+
+        while operator.api is None:
+            await asyncio.sleep(0.05)
+        loop = ClusterLoop(
+            operator.api, operator.config, holding=operator.holding, gather=gather, body=lambda: _plain(body)
+        )
+        operator.loops[key] = loop
+        wakeup = operator.wakeups.get(namespace, name)
+        try:
+            while not stopped:
+                wakeup.clear()
+                try:
+                    await loop.tick()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("%s/%s: tick failed; trying again", namespace, name)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wakeup.wait(), timeout=loop.interval())
+        finally:
+            operator.loops.pop(key, None)
+            await loop.close()
+
+    return registry, settings
+
+
+def _component(obj: JSON) -> str | None:
+    return (obj["metadata"].get("labels") or {}).get(names.LABEL_COMPONENT)
+
+
+def run(
+    operator: Operator,
+    *,
+    namespaces: Iterable[str] = (),
+    clusterwide: bool = False,
+    liveness: str | None = None,
+) -> None:
+    """Run kopf until it is stopped (SIGTERM, SIGINT)."""
+    registry, settings = build(operator)
+    kopf.run(
+        registry=registry,
+        settings=settings,
+        standalone=True,
+        clusterwide=clusterwide,
+        namespaces=list(namespaces),
+        liveness_endpoint=liveness,
+    )

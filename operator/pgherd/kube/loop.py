@@ -1,0 +1,273 @@
+"""One PostgresCluster's loop: observe, decide, write status, act. Run by a kopf daemon.
+
+- Observation costs no API request in the steady state: Pods, PVCs, Jobs, the StatefulSet, Backups
+  and Restores come from kopf's watch-fed indexes; the agents' /status are read in parallel over HTTPS.
+- The engine's memory (``status.engine``) is read from the API when the loop starts or regains the
+  leadership, and kept in memory while it runs: the watch may lag behind the loop's own writes.
+- Status is written (status subresource) before any action, and only when it changed.
+- Owned objects are created when missing and patched when their desired form changes; Secrets are
+  created once and never overwritten.
+- Wakes at once on a change of the cluster or of its pods; else every ``interval`` (shorter while an
+  operation is in flight: each step of a failover waits for an observation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from pgherd.api.cluster import PostgresClusterSpec
+from pgherd.engine import EngineStatus, decide
+from pgherd.engine.actions import RecordEvent
+from pgherd.engine.plan import Decision
+from pgherd.engine.revision import spec_revision
+from pgherd.engine.status import OperationKind
+from pgherd.engine.view import Role
+from pgherd.kube import names
+from pgherd.kube.actions import ActContext, NotLeader, apply_all
+from pgherd.kube.agents import Agents
+from pgherd.kube.api import ApiError, KubeApi
+from pgherd.kube.events import Events
+from pgherd.kube.objects import OwnedObjects
+from pgherd.kube.observe import ClusterObjects, cluster_view, pod_ip
+from pgherd.kube.status import cluster_status, unchanged
+
+log = logging.getLogger("pgherd.kube.loop")
+
+STEADY_INTERVAL = 2.0
+BUSY_INTERVAL = 0.3
+JSON = dict[str, Any]
+
+
+@dataclass
+class OperatorConfig:
+    """What `pgherd operator` was started with (see commands/operator.py)."""
+
+    postgres_image: str = ""  # PGHERD_POSTGRES_IMAGE: "{major}" stands for spec.postgresVersion
+    default_image: str = "ghcr.io/pgherd/pgherd:latest-pg{major}"
+    member_address: str = "dns"  # how members reach each other: dns (headless Service) | ip (pod IP)
+    agent_scheme: str = "https"
+    steady_interval: float = STEADY_INTERVAL
+    busy_interval: float = BUSY_INTERVAL
+
+
+@dataclass
+class Wakeups:
+    """One asyncio.Event per cluster, set by watch events (the cluster, its pods, its jobs)."""
+
+    events: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+
+    def get(self, namespace: str, name: str) -> asyncio.Event:
+        return self.events.setdefault((namespace, name), asyncio.Event())
+
+    def wake(self, namespace: str, name: str) -> None:
+        event = self.events.get((namespace, name))
+        if event is not None:
+            event.set()
+
+
+class ClusterLoop:
+    def __init__(
+        self,
+        api: KubeApi,
+        config: OperatorConfig,
+        *,
+        holding: Callable[[], bool],
+        gather: Callable[[JSON], ClusterObjects],
+        body: Callable[[], JSON],
+    ) -> None:
+        self.api, self.config, self.holding, self.gather, self.body = api, config, holding, gather, body
+        meta = body()["metadata"]
+        self.name, self.namespace = str(meta["name"]), str(meta["namespace"])
+        self.owned = OwnedObjects(api, config)
+        self.events = Events(api)
+        self.agents: Agents | None = None
+        self.engine: EngineStatus | None = None
+        self.status_doc: JSON | None = None
+        self.last_phase: str | None = None
+        self.last_message: str | None = None
+        self.spec_error: str | None = None
+
+    async def close(self) -> None:
+        if self.agents is not None:
+            await self.agents.close()
+
+    def interval(self) -> float:
+        busy = self.last_phase not in (None, "Running", "Paused")
+        return self.config.busy_interval if busy else self.config.steady_interval
+
+    async def tick(self) -> None:
+        if not self.holding():
+            self.engine = None  # another operator may write meanwhile: read it again when leading
+            return
+        body = self.body()
+        meta = body["metadata"]
+        if meta.get("deletionTimestamp"):
+            return
+        if self.engine is None:
+            fresh = await self.api.get("PostgresCluster", self.namespace, self.name)
+            body = fresh
+            self.status_doc = dict(fresh.get("status") or {})
+            self.engine = EngineStatus.from_dict((self.status_doc or {}).get("engine") or {})
+        try:
+            spec = PostgresClusterSpec.model_validate(body.get("spec") or {})
+        except ValidationError as exc:
+            await self._refuse_spec(body, exc)
+            return
+        image = self.owned.image(spec)
+        revision = spec_revision(spec)
+        try:
+            secrets = await self.owned.ensure(body, spec, image, revision)
+        except ApiError as exc:
+            await self._report_failure(
+                body, "ObjectsFailed", f"cannot create or update the cluster's objects: {exc}"
+            )
+            return
+        if self.agents is None:
+            self.agents = Agents(
+                self.name,
+                token=secrets.token,
+                ca_pem=secrets.ca_pem,
+                server_hostname=secrets.server_hostname,
+                scheme=self.config.agent_scheme,
+            )
+        objects = self.gather(body)
+        addresses = {
+            p["metadata"]["name"]: ip
+            for p in objects.pods
+            if (ip := pod_ip(p)) is not None and not self.agents.busy(p["metadata"]["name"])
+        }
+        statuses = await self.agents.statuses(addresses)
+        switchover_to = self._switchover_target(body, objects, statuses)
+        view = cluster_view(objects, statuses, datetime.now(UTC), switchover_to=switchover_to)
+        assert self.engine is not None
+        decision = decide(spec, view, self.engine)
+        document = cluster_status(decision, view, self.status_doc or {}, image=image, statuses=statuses)
+        if self.status_doc is None or not unchanged(document, self.status_doc):
+            if not self.holding():
+                return
+            await self.api.patch(
+                "PostgresCluster", self.namespace, self.name, {"status": document}, subresource="status"
+            )
+            self.status_doc = {**(self.status_doc or {}), **document}
+        self.engine = decision.status
+        self._log_phase(decision)
+        await self._clear_switchover(body, decision, switchover_to)
+        context = ActContext(
+            api=self.api,
+            objects=objects,
+            spec=spec,
+            statuses=statuses,
+            agents=self.agents,
+            current_primary=decision.status.current_primary,
+            member_address=lambda member: self._member_address(objects, member),
+            may_act=self.holding,
+            snapshot_job=lambda backup, member, host: self.owned.snapshot_job(
+                body, spec, image, revision, backup, member, host
+            ),
+            prune_job=lambda action: self.owned.prune_job(body, spec, image, revision, action),
+            event=lambda action: self.events.record(body, action),
+        )
+        try:
+            await apply_all(context, decision.actions)
+        except NotLeader:
+            log.info("%s/%s: leadership lost: stopped acting", self.namespace, self.name)
+            self.engine = None
+
+    def _member_address(self, objects: ClusterObjects, member: str) -> str | None:
+        if self.config.member_address == "ip":
+            ip = pod_ip(objects.pod(member))
+            return None if ip is None else f"{ip}:{names.POSTGRES_PORT}"
+        return f"{names.member_host(self.name, member, self.namespace)}:{names.POSTGRES_PORT}"
+
+    def _switchover_target(self, body: JSON, objects: ClusterObjects, statuses: dict[str, Any]) -> str | None:
+        request = (body["metadata"].get("annotations") or {}).get(names.ANNOTATION_SWITCHOVER)
+        if not request:
+            return None
+        if request != "any":
+            return str(request)
+        best = None
+        for name, status in statuses.items():
+            if status is None or status.role != Role.REPLICA.value or not status.streaming:
+                continue
+            lsn = status.received_lsn or ""
+            key = (len(lsn), lsn, name)
+            if best is None or key > best[0]:
+                best = (key, name)
+        return None if best is None else best[1]
+
+    async def _clear_switchover(self, body: JSON, decision: Decision, target: str | None) -> None:
+        request = (body["metadata"].get("annotations") or {}).get(names.ANNOTATION_SWITCHOVER)
+        if not request or not self.holding():
+            return
+        aborted = decision.status.aborted
+        done = (
+            target is not None
+            and decision.status.current_primary == target
+            and decision.status.operation is None
+        )
+        refused = (
+            aborted is not None and aborted.kind is OperationKind.SWITCHOVER and aborted.target == target
+        )
+        if not (done or refused or target is None):
+            return
+        if done:
+            message, warning = f"switched over to {target}", False
+        elif refused:
+            message, warning = f"switchover to {target} refused: {aborted.failed if aborted else ''}", True
+        else:
+            message, warning = f"switchover to {request!r} refused: no such member or no candidate", True
+        await self.api.patch(
+            "PostgresCluster",
+            self.namespace,
+            self.name,
+            {"metadata": {"annotations": {names.ANNOTATION_SWITCHOVER: None}}},
+        )
+        await self.events.record(body, RecordEvent("Switchover", message, warning=warning))
+
+    async def _refuse_spec(self, body: JSON, exc: ValidationError) -> None:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": str(exc)}
+        where = "spec." + ".".join(str(part) for part in first.get("loc", ()))
+        message = f"invalid {where}: {first.get('msg')}"
+        await self._report_failure(body, "InvalidSpec", message)
+
+    async def _report_failure(self, body: JSON, reason: str, message: str) -> None:
+        """A condition and an Event, once per distinct message; no action is taken meanwhile."""
+        if message == self.spec_error:
+            return
+        self.spec_error = message
+        log.warning("%s/%s: %s", self.namespace, self.name, message)
+        document = {
+            "phase": "Failed",
+            "message": message,
+            "observedGeneration": body["metadata"].get("generation"),
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "False",
+                    "reason": reason,
+                    "message": message,
+                    "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    "observedGeneration": body["metadata"].get("generation"),
+                }
+            ],
+        }
+        try:
+            await self.api.patch(
+                "PostgresCluster", self.namespace, self.name, {"status": document}, subresource="status"
+            )
+        except ApiError as exc:
+            log.warning("%s/%s: cannot write status: %s", self.namespace, self.name, exc)
+        await self.events.record(body, RecordEvent(reason, message, warning=True))
+
+    def _log_phase(self, decision: Decision) -> None:
+        self.spec_error = None
+        if decision.phase.value != self.last_phase or decision.message != self.last_message:
+            log.info("%s/%s: phase %s: %s", self.namespace, self.name, decision.phase.value, decision.message)
+            self.last_phase, self.last_message = decision.phase.value, decision.message

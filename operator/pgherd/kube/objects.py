@@ -1,0 +1,231 @@
+"""The objects a PostgresCluster owns, kept as the builders describe them.
+
+- Secrets are created once and never overwritten (a password, token or CA is read back, never
+  regenerated); nothing secret is logged.
+- Other objects are created when missing and patched when their desired form changed since this
+  operator last applied it (a memo of the desired body's digest: no request in the steady state).
+- The StatefulSet's immutable fields are never patched: a change there is reported (an Event and the
+  error returned) and the rest of the spec still applies. Its ``replicas`` belong to the engine's
+  CreateMember/DeleteMember, never to this reconciliation.
+- A PodDisruptionBudget exists only from two instances on (one instance: any budget blocks drains).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from pgherd.api.cluster import PostgresClusterSpec
+from pgherd.engine.actions import Prune
+from pgherd.kube import names
+from pgherd.kube.api import ApiError, KubeApi
+from pgherd.kube.builders import common, configmap, jobs, pdb, secrets, serviceaccount, services, statefulset
+
+if TYPE_CHECKING:
+    from pgherd.kube.loop import OperatorConfig
+
+log = logging.getLogger("pgherd.kube.objects")
+JSON = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class AgentSecrets:
+    token: str
+    ca_pem: str
+    server_hostname: Callable[[str], str | None]
+
+
+def _digest(body: JSON) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def secret_value(secret: JSON, key: str) -> str | None:
+    data = (secret.get("data") or {}).get(key)
+    if data is not None:
+        return base64.b64decode(data).decode()
+    value = (secret.get("stringData") or {}).get(key)
+    return None if value is None else str(value)
+
+
+class OwnedObjects:
+    def __init__(self, api: KubeApi, config: OperatorConfig) -> None:
+        self.api, self.config = api, config
+        self._applied: dict[tuple[str, str], str] = {}
+        self._secrets: AgentSecrets | None = None
+        self.blocked: list[str] = []  # StatefulSet fields that differ but cannot change in place
+
+    def image(self, spec: PostgresClusterSpec) -> str:
+        return common.resolve_image(spec, self.config.postgres_image, self.config.default_image)
+
+    def ref(self, body: JSON, spec: PostgresClusterSpec, image: str, revision: str) -> common.ClusterRef:
+        meta = body["metadata"]
+        return common.ClusterRef(
+            name=meta["name"],
+            namespace=meta["namespace"],
+            uid=meta["uid"],
+            spec=spec,
+            image=image,
+            revision=revision,
+        )
+
+    async def ensure(self, body: JSON, spec: PostgresClusterSpec, image: str, revision: str) -> AgentSecrets:
+        ref = self.ref(body, spec, image, revision)
+        agent = await self._ensure_secrets(ref)
+        await self._apply("ServiceAccount", serviceaccount.service_account(ref))
+        await self._apply("ConfigMap", configmap.configmap(ref))
+        for service in services.services(ref):
+            await self._apply("Service", service)
+        budget = pdb.pdb(ref)
+        if budget is None:
+            await self._delete_owned("PodDisruptionBudget", names.pdb(ref.name), ref)
+        else:
+            await self._apply("PodDisruptionBudget", budget)
+        await self._ensure_statefulset(ref)
+        return agent
+
+    async def _ensure_secrets(self, ref: common.ClusterRef) -> AgentSecrets:
+        if self._secrets is not None:
+            return self._secrets
+        operator_secret = await self._create_once(
+            ref.namespace,
+            names.secret_operator(ref.name),
+            lambda: secrets.operator_secret(ref, secrets.generate_operator_data(ref.name)),
+        )
+        token = secret_value(operator_secret, names.KEY_TOKEN)
+        ca_cert = secret_value(operator_secret, names.KEY_CA_CERT)
+        ca_key = secret_value(operator_secret, names.KEY_CA_KEY)
+        if not (token and ca_cert and ca_key):
+            raise ApiError(
+                422, "Invalid", f"Secret {names.secret_operator(ref.name)} lacks token, ca.crt or ca.key"
+            )
+        await self._create_once(
+            ref.namespace,
+            names.secret_agent(ref.name),
+            lambda: secrets.agent_secret(
+                ref,
+                secrets.generate_agent_data(
+                    ref.name,
+                    ref.namespace,
+                    {names.KEY_TOKEN: token, names.KEY_CA_CERT: ca_cert, names.KEY_CA_KEY: ca_key},
+                ),
+            ),
+        )
+        await self._create_once(
+            ref.namespace,
+            names.secret_superuser(ref.name),
+            lambda: secrets.superuser_secret(ref, secrets.generate_superuser_data()),
+        )
+        await self._create_once(
+            ref.namespace,
+            names.secret_replication(ref.name),
+            lambda: secrets.replication_secret(ref, secrets.generate_replication_data()),
+        )
+        await self._create_once(
+            ref.namespace,
+            names.secret_app(ref.name),
+            lambda: secrets.app_secret(ref, secrets.generate_app_data(ref)),
+        )
+        namespace = ref.namespace
+        self._secrets = AgentSecrets(
+            token=token,
+            ca_pem=ca_cert,
+            server_hostname=lambda member: secrets.agent_server_hostname(ref.name, member, namespace),
+        )
+        return self._secrets
+
+    async def _create_once(self, namespace: str, name: str, build: Callable[[], JSON]) -> JSON:
+        found = await self.api.find("Secret", namespace, name)
+        if found is not None:
+            return found
+        body = build()  # generated only when missing: never overwritten
+        try:
+            return await self.api.create("Secret", namespace, body)
+        except ApiError as exc:
+            if exc.conflict:  # created meanwhile (another operator): theirs stands
+                return await self.api.get("Secret", namespace, name)
+            raise
+
+    async def _apply(self, kind: str, body: JSON) -> None:
+        meta = body["metadata"]
+        key = (kind, f"{meta['namespace']}/{meta['name']}")
+        digest = _digest(body)
+        if self._applied.get(key) == digest:
+            return
+        try:
+            await self.api.create(kind, meta["namespace"], body)
+        except ApiError as exc:
+            if not exc.conflict:
+                raise
+            patch = {k: v for k, v in body.items() if k not in ("apiVersion", "kind", "status")}
+            if kind == "Service":  # clusterIP and its kin are immutable and set by the API server
+                patch["spec"] = {
+                    k: v for k, v in body["spec"].items() if k not in ("clusterIP", "clusterIPs")
+                }
+            await self.api.patch(kind, meta["namespace"], meta["name"], patch)
+        self._applied[key] = digest
+
+    async def _delete_owned(self, kind: str, name: str, ref: common.ClusterRef) -> None:
+        key = (kind, f"{ref.namespace}/{name}")
+        if self._applied.get(key) == "deleted":
+            return
+        found = await self.api.find(kind, ref.namespace, name)
+        if found is not None and _owned_by(found, ref.uid):
+            await self.api.delete(kind, ref.namespace, name)
+        self._applied[key] = "deleted"
+
+    async def _ensure_statefulset(self, ref: common.ClusterRef) -> None:
+        key = ("StatefulSet", f"{ref.namespace}/{ref.name}")
+        desired = statefulset.statefulset(ref, replicas=0)
+        digest = _digest(desired)
+        if self._applied.get(key) == digest:
+            return
+        existing = await self.api.find("StatefulSet", ref.namespace, names.statefulset(ref.name))
+        if existing is None:
+            try:
+                await self.api.create("StatefulSet", ref.namespace, desired)
+            except ApiError as exc:
+                if not exc.conflict:
+                    raise
+            self._applied[key] = digest
+            return
+        self.blocked = statefulset.immutable_fields_changed(existing, desired)
+        patch = statefulset.patchable(desired)
+        patch.get("spec", {}).pop("replicas", None)
+        await self.api.patch("StatefulSet", ref.namespace, names.statefulset(ref.name), patch)
+        self._applied[key] = digest
+
+    def snapshot_job(
+        self,
+        body: JSON,
+        spec: PostgresClusterSpec,
+        image: str,
+        revision: str,
+        backup: str,
+        member: str,
+        host: str,
+    ) -> JSON:
+        host_only, _, port = host.rpartition(":")
+        return jobs.snapshot_job(
+            self.ref(body, spec, image, revision),
+            backup,
+            host_only,
+            source_port=int(port or names.POSTGRES_PORT),
+        )
+
+    def prune_job(
+        self, body: JSON, spec: PostgresClusterSpec, image: str, revision: str, action: Prune
+    ) -> JSON:
+        stamp = datetime.now(UTC).strftime("%Y%m%dt%H%M%S")
+        return jobs.prune_job(
+            self.ref(body, spec, image, revision), stamp, action.keep_last, action.keep_within
+        )
+
+
+def _owned_by(obj: JSON, uid: str) -> bool:
+    return any(o.get("uid") == uid for o in obj["metadata"].get("ownerReferences") or [])

@@ -1,0 +1,328 @@
+"""What the operator sees of one cluster on Kubernetes: Pods, PVCs, the StatefulSet, Jobs, Backups and
+Restores (from kopf's watch-fed indexes, no request per tick) and every member's agent ``/status`` (in
+parallel, short timeouts) -> the engine's ClusterView.
+
+The rules that matter for safety:
+
+- a member *exists* while the StatefulSet keeps its ordinal or its pod exists, except a member whose
+  agent positively reports an empty data directory and is doing nothing about it: that member is
+  reported as not existing *and* as having lost its data, so the engine seeds it (a new pod waiting
+  for its seed, or a rebuilt volume) and counts its data as gone (evidence for an automatic restore);
+- *stopped* (evidence that it cannot write) only when its pod is gone or its container is not running
+  (the kubelet reports it), or its agent says PostgreSQL is stopped. A pod the operator cannot reach
+  says nothing: a partitioned node may still run it;
+- the rw endpoint's member is the one pod labelled ``pgherd.io/role=primary`` (none when two are).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pgherd.agentview import member_view
+from pgherd.engine.view import (
+    BackupView,
+    ClusterView,
+    JobKind,
+    JobState,
+    JobView,
+    MemberView,
+    RestoreView,
+    member_name,
+    ordinal_of,
+)
+from pgherd.kube import names
+from pgherd_backup.agent.wire import Status
+
+JSON = dict[str, Any]
+
+
+@dataclass
+class ClusterObjects:
+    """The cluster's objects as the watches last saw them."""
+
+    cluster: JSON
+    pods: list[JSON] = field(default_factory=list)  # member pods (component postgres)
+    job_pods: list[JSON] = field(default_factory=list)  # the pods of the cluster's Jobs
+    pvcs: list[JSON] = field(default_factory=list)
+    jobs: list[JSON] = field(default_factory=list)
+    statefulset: JSON | None = None
+    backups: list[JSON] = field(default_factory=list)
+    restores: list[JSON] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return str(self.cluster["metadata"]["name"])
+
+    @property
+    def namespace(self) -> str:
+        return str(self.cluster["metadata"]["namespace"])
+
+    def pod(self, member: str) -> JSON | None:
+        return next((p for p in self.pods if p["metadata"]["name"] == member), None)
+
+    def pvc(self, member: str) -> JSON | None:
+        wanted = names.pvc(self.name, member)
+        return next((p for p in self.pvcs if p["metadata"]["name"] == wanted), None)
+
+    def replicas(self) -> int:
+        if self.statefulset is None:
+            return 0
+        return int((self.statefulset.get("spec") or {}).get("replicas") or 0)
+
+    def member_names(self) -> list[str]:
+        """Ordinals the StatefulSet keeps, and any member pod still present above them."""
+        found = {member_name(self.name, i) for i in range(self.replicas())}
+        for pod in self.pods:
+            pod_name = pod["metadata"]["name"]
+            if _is_member_pod(self.name, pod_name):
+                found.add(pod_name)
+        return sorted(found, key=ordinal_of)
+
+
+def _is_member_pod(cluster: str, pod_name: str) -> bool:
+    prefix, _, ordinal = pod_name.rpartition("-")
+    return prefix == cluster and ordinal.isdigit()
+
+
+def pod_ip(pod: JSON | None) -> str | None:
+    if pod is None:
+        return None
+    ip: Any = (pod.get("status") or {}).get("podIP")
+    return str(ip) if ip else None
+
+
+def container_running(pod: JSON | None) -> bool:
+    """The kubelet last reported the postgres container running (the agent, PID 1, is alive)."""
+    if pod is None:
+        return False
+    status = pod.get("status") or {}
+    if status.get("phase") in ("Failed", "Succeeded"):
+        return False
+    for container in status.get("containerStatuses") or []:
+        if container.get("name") == names.CONTAINER_POSTGRES:
+            return "running" in (container.get("state") or {})
+    return False
+
+
+def process_gone(pod: JSON | None) -> bool:
+    """Positive evidence that nothing runs: no pod, or a pod whose container the kubelet reports not
+    running (waiting or terminated). A pod not yet scheduled has nothing running either."""
+    if pod is None:
+        return True
+    status = pod.get("status") or {}
+    if status.get("phase") in ("Failed", "Succeeded"):
+        return True
+    if status.get("phase") == "Pending" and not status.get("containerStatuses"):
+        return True
+    for container in status.get("containerStatuses") or []:
+        if container.get("name") == names.CONTAINER_POSTGRES:
+            state = container.get("state") or {}
+            return "running" not in state
+    return False
+
+
+def upstream_resolver(objects: ClusterObjects) -> Callable[[str], str | None]:
+    """A WAL receiver's ``host:port`` -> member: by pod IP, or by the member's DNS name."""
+    by_ip: dict[str, str] = {ip: str(p["metadata"]["name"]) for p in objects.pods if (ip := pod_ip(p))}
+    members = set(objects.member_names())
+
+    def resolve(address: str) -> str | None:
+        host = address.rsplit(":", 1)[0] if address.count(":") == 1 else address
+        host = host.strip("[]")
+        if host in by_ip:
+            return by_ip[host]
+        first = host.split(".", 1)[0]
+        return first if first in members else None
+
+    return resolve
+
+
+def members(objects: ClusterObjects, statuses: Mapping[str, Status | None]) -> list[MemberView]:
+    resolve = upstream_resolver(objects)
+    views: list[MemberView] = []
+    for name in objects.member_names():
+        ordinal = ordinal_of(name)
+        pod = objects.pod(name)
+        status = statuses.get(name)
+        wanted = ordinal < objects.replicas()
+        if pod is None and objects.pvc(name) is None:
+            # Never created (or its volume deleted): nothing to observe, nothing that could write.
+            views.append(MemberView(name=name, ordinal=ordinal, exists=False, stopped=True))
+            continue
+        view = member_view(name, ordinal, status, resolve_upstream=resolve, process_gone=process_gone(pod))
+        if status is not None and not status.data_present and status.action is None:
+            view = MemberView(
+                name=name, ordinal=ordinal, exists=False, data_present=False, stopped=True, reachable=False
+            )
+        elif not wanted and pod is None:
+            view = MemberView(name=name, ordinal=ordinal, exists=False, stopped=True)
+        views.append(view)
+    return views
+
+
+def rw_member(objects: ClusterObjects) -> str | None:
+    labelled = [
+        p["metadata"]["name"]
+        for p in objects.pods
+        if (p["metadata"].get("labels") or {}).get(names.LABEL_ROLE) == names.ROLE_PRIMARY
+    ]
+    return labelled[0] if len(labelled) == 1 else None
+
+
+def _time(value: Any) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _cluster_of(obj: JSON) -> str | None:
+    return ((obj.get("spec") or {}).get("cluster") or {}).get("name")
+
+
+def backups(objects: ClusterObjects) -> tuple[BackupView, ...]:
+    views = []
+    for backup in objects.backups:
+        if _cluster_of(backup) != objects.name:
+            continue
+        status = backup.get("status") or {}
+        meta = backup["metadata"]
+        views.append(
+            BackupView(
+                name=meta["name"],
+                phase=status.get("phase") or "Pending",
+                target=(backup.get("spec") or {}).get("target") or "preferStandby",
+                created_at=_time(meta.get("creationTimestamp")),
+                completed_at=_time(status.get("completedAt")),
+                backup_id=status.get("backupId"),
+                source_member=status.get("sourceMember"),
+            )
+        )
+    return tuple(sorted(views, key=lambda b: b.name))
+
+
+def restores(objects: ClusterObjects) -> tuple[RestoreView, ...]:
+    views = []
+    for restore in objects.restores:
+        if _cluster_of(restore) != objects.name:
+            continue
+        spec = restore.get("spec") or {}
+        target = spec.get("target") or {}
+        meta = restore["metadata"]
+        views.append(
+            RestoreView(
+                name=meta["name"],
+                backup=spec.get("backup"),
+                snapshot_id=spec.get("snapshotId"),
+                target_time=target.get("time"),
+                target_lsn=target.get("lsn"),
+                target_immediate=bool(target.get("immediate")),
+                phase=(restore.get("status") or {}).get("phase") or "Pending",
+                created_at=_time(meta.get("creationTimestamp")),
+            )
+        )
+    return tuple(sorted(views, key=lambda r: r.name))
+
+
+def job_result(objects: ClusterObjects, job: JSON) -> JSON:
+    """The JSON summary a Job's container left as its termination message (its last pod's), or {}."""
+    job_name = job["metadata"]["name"]
+    found: JSON = {}
+    for pod in objects.job_pods:
+        labels = pod["metadata"].get("labels") or {}
+        if labels.get("job-name") != job_name and labels.get("batch.kubernetes.io/job-name") != job_name:
+            continue
+        for container in (pod.get("status") or {}).get("containerStatuses") or []:
+            terminated = (container.get("state") or {}).get("terminated") or {}
+            result = parse_result(terminated.get("message"))
+            if result:
+                found = result
+    return found
+
+
+def jobs(objects: ClusterObjects) -> tuple[JobView, ...]:
+    """Snapshot Jobs (labelled with their Backup), with the summary their pod left."""
+    views = []
+    for job in objects.jobs:
+        labels = job["metadata"].get("labels") or {}
+        backup = labels.get(names.LABEL_BACKUP)
+        if backup is None or labels.get(names.LABEL_COMPONENT) != names.COMPONENT_SNAPSHOT:
+            continue
+        state = job_state(job)
+        result = job_result(objects, job) if state is not JobState.RUNNING else {}
+        views.append(
+            JobView(
+                kind=JobKind.SNAPSHOT,
+                name=backup,
+                state=state,
+                member=labels.get(names.LABEL_MEMBER),
+                message=str(result.get("error") or _failure_message(job) or ""),
+                backup_id=result.get("backupId") or result.get("backup_id") or result.get("id"),
+                timeline=result.get("timeline"),
+            )
+        )
+    return tuple(views)
+
+
+def job_state(job: JSON) -> JobState:
+    status = job.get("status") or {}
+    for condition in status.get("conditions") or []:
+        if condition.get("status") != "True":
+            continue
+        if condition.get("type") in ("Complete", "SuccessCriteriaMet"):
+            return JobState.SUCCEEDED
+        if condition.get("type") in ("Failed", "FailureTarget"):
+            return JobState.FAILED
+    if int(status.get("succeeded") or 0) > 0:
+        return JobState.SUCCEEDED
+    return JobState.RUNNING
+
+
+def _failure_message(job: JSON) -> str:
+    for condition in (job.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Failed" and condition.get("status") == "True":
+            return f"{condition.get('reason', '')}: {condition.get('message', '')}".strip(": ")
+    return ""
+
+
+def parse_result(message: str | None) -> JSON:
+    """A termination message holding the Job's JSON summary (its last JSON line)."""
+    if not message:
+        return {}
+    for line in reversed(message.strip().splitlines()):
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            return doc
+    return {}
+
+
+def cluster_view(
+    objects: ClusterObjects,
+    statuses: Mapping[str, Status | None],
+    now: datetime,
+    *,
+    switchover_to: str | None,
+    extra_jobs: Iterable[JobView] = (),
+) -> ClusterView:
+    meta = objects.cluster["metadata"]
+    return ClusterView(
+        cluster=objects.name,
+        now=now,
+        members=tuple(members(objects, statuses)),
+        backups=backups(objects),
+        restores=restores(objects),
+        jobs=jobs(objects) + tuple(extra_jobs),
+        deleting=bool(meta.get("deletionTimestamp")),
+        generation=meta.get("generation"),
+        switchover_to=switchover_to,
+        rw_member=rw_member(objects),
+    )

@@ -1,0 +1,127 @@
+"""The PostgresCluster's ``status`` from a Decision: what `kubectl get pgc` and users read, and the
+engine's memory (``status.engine``) that a restarted or newly elected operator resumes from.
+
+Written through the status subresource *before* any action of the decision is applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from pgherd.engine.conditions import Condition
+from pgherd.engine.lsn import format_lsn
+from pgherd.engine.plan import Decision
+from pgherd.engine.view import ClusterView, MemberView, Role
+from pgherd.kube import names
+from pgherd_backup.agent.wire import Status
+
+JSON = dict[str, Any]
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def conditions(
+    current: Sequence[Condition], previous: Sequence[Mapping[str, Any]], generation: int | None
+) -> list[JSON]:
+    """metav1.Condition documents; lastTransitionTime moves only when the status changes."""
+    before = {c.get("type"): c for c in previous}
+    out = []
+    for condition in current:
+        old = before.get(condition.type.value) or {}
+        text = condition.status_text
+        since = old.get("lastTransitionTime") if old.get("status") == text else None
+        out.append(
+            {
+                "type": condition.type.value,
+                "status": text,
+                "reason": condition.reason or "Unknown",
+                "message": condition.message,
+                "lastTransitionTime": since or _now(),
+                "observedGeneration": generation,
+            }
+        )
+    return out
+
+
+def member_role(view: MemberView) -> str:
+    if view.fenced:
+        return "fenced"
+    if not view.reachable:
+        return "unknown"
+    return "primary" if view.role is Role.PRIMARY else "replica"
+
+
+def members(view: ClusterView, primary: str | None) -> list[JSON]:
+    primary_view = view.member(primary)
+    primary_lsn = primary_view.received_lsn if primary_view is not None and primary_view.reachable else None
+    out = []
+    for member in view.existing():
+        lag = None
+        if primary_lsn is not None and member.reachable and member.replayed_lsn is not None:
+            lag = max(0, primary_lsn - member.replayed_lsn)
+        out.append(
+            {
+                "name": member.name,
+                "role": member_role(member),
+                "ready": member.ready,
+                "reachable": member.reachable,
+                "timeline": member.timeline,
+                "receivedLSN": None if member.received_lsn is None else format_lsn(member.received_lsn),
+                "replayedLSN": None if member.replayed_lsn is None else format_lsn(member.replayed_lsn),
+                "lagBytes": lag,
+            }
+        )
+    return out
+
+
+def cluster_status(
+    decision: Decision,
+    view: ClusterView,
+    previous: Mapping[str, Any],
+    *,
+    image: str,
+    statuses: Mapping[str, Status | None] | None = None,
+) -> JSON:
+    """The whole status document (a merge patch replaces each key it names)."""
+    generation = view.generation
+    listed = members(view, decision.current_primary)
+    system_id = previous.get("systemIdentifier")
+    for status in (statuses or {}).values():
+        if status is not None and status.system_identifier:
+            system_id = str(status.system_identifier)
+            break
+    operation = decision.status.operation
+    return {
+        "phase": decision.phase.value,
+        "message": decision.message or None,
+        "conditions": conditions(decision.conditions, previous.get("conditions") or [], generation),
+        "observedGeneration": generation,
+        "currentPrimary": decision.current_primary,
+        "targetPrimary": decision.target_primary,
+        "instances": len(listed),
+        "readyInstances": sum(1 for m in listed if m["ready"]),
+        "selector": f"{names.LABEL_CLUSTER}={view.cluster},{names.LABEL_COMPONENT}={names.COMPONENT_POSTGRES}",
+        "members": listed,
+        "timeline": decision.status.timeline,
+        "image": image,
+        "systemIdentifier": system_id,
+        "operation": None if operation is None else operation.to_dict(),
+        "engine": decision.status.to_dict(),
+    }
+
+
+def unchanged(document: Mapping[str, Any], previous: Mapping[str, Any]) -> bool:
+    """True when writing ``document`` would change nothing but condition timestamps."""
+
+    def strip(doc: Mapping[str, Any]) -> JSON:
+        out = {k: v for k, v in doc.items() if k != "conditions"}
+        out["conditions"] = [
+            {k: v for k, v in c.items() if k != "lastTransitionTime"} for c in doc.get("conditions") or []
+        ]
+        return out
+
+    return all(strip(document).get(k) == strip(previous).get(k) for k in document)
