@@ -17,6 +17,7 @@ import os
 import ssl
 import string
 from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -628,6 +629,16 @@ def test_the_agent_credentials_work_together(full: ClusterRef, secret_data):
     assert handshake(agent, "demo-14.demo-headless.shop")  # the shorter spellings as well
     assert not handshake(agent, "demo-2.other-headless.shop.svc")
     assert not handshake(agent, "demo-2.demo-headless.elsewhere.svc")
+
+
+def test_the_agent_certificate_is_renewed_before_it_expires(secret_data):
+    agent = secret_data["agent"]
+    expires = secrets.certificate_not_after(agent["tls.crt"])
+    assert expires > datetime.now(UTC) + timedelta(days=365)
+    assert secrets.certificate_not_after(agent["ca.crt"]) > expires
+    assert not secrets.agent_certificate_due(agent, datetime.now(UTC))
+    assert not secrets.agent_certificate_due(agent, expires - timedelta(days=31))
+    assert secrets.agent_certificate_due(agent, expires - timedelta(days=29))
 
 
 def handshake(agent: Mapping[str, str], server_hostname: str) -> bool:

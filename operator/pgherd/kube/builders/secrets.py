@@ -18,12 +18,19 @@ from __future__ import annotations
 import base64
 import secrets
 from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
 from urllib.parse import quote
+
+from cryptography import x509
 
 from pgherd.kube import names
 from pgherd.kube.builders.common import ClusterRef, Manifest, app_account, metadata
 from pgherd_backup.agent.auth import token_digest
 from pgherd_backup.agent.tls import make_ca, make_server_cert
+
+# Renew the agents' certificate (825 days) this long before it expires: the operator would otherwise
+# refuse every member at once on that day.
+RENEW_BEFORE = timedelta(days=30)
 
 # 32 random bytes: 256 bits, 43 URL-safe characters (no quoting needed in a URI or a pgpass line).
 RANDOM_BYTES = 32
@@ -104,6 +111,17 @@ def agent_server_hostname(cluster: str, member: str, namespace: str) -> str:
     <namespace>.svc`, which the certificate's first wildcard covers. It ties the answer to this
     cluster's CA and this cluster's headless Service; the pod IP itself is never in a certificate."""
     return names.member_host(cluster, member, namespace)
+
+
+def certificate_not_after(pem: str) -> datetime:
+    """When a PEM certificate expires (UTC)."""
+    return x509.load_pem_x509_certificate(pem.encode()).not_valid_after_utc
+
+
+def agent_certificate_due(agent_data: Mapping[str, str], now: datetime) -> bool:
+    """Whether the agents' certificate must be issued again (`generate_agent_data`) by `now`: the only
+    case where the adapter replaces a Secret's value. The members read it at their next start."""
+    return certificate_not_after(agent_data[names.KEY_TLS_CERT]) - RENEW_BEFORE <= now
 
 
 def app_host(ref: ClusterRef) -> str:
