@@ -34,7 +34,7 @@ from pgherd.kube.actions import ActContext, NotLeader, apply_all
 from pgherd.kube.agents import Agents
 from pgherd.kube.api import ApiError, KubeApi
 from pgherd.kube.events import Events
-from pgherd.kube.objects import OwnedObjects
+from pgherd.kube.objects import OwnedObjects, expand_volumes
 from pgherd.kube.observe import ClusterObjects, cluster_view, pod_ip
 from pgherd.kube.status import cluster_status, unchanged
 
@@ -93,6 +93,7 @@ class ClusterLoop:
         self.last_phase: str | None = None
         self.last_message: str | None = None
         self.spec_error: str | None = None
+        self.expanded_to: str | None = None
 
     async def close(self) -> None:
         if self.agents is not None:
@@ -138,6 +139,20 @@ class ClusterLoop:
                 scheme=self.config.agent_scheme,
             )
         objects = self.gather(body)
+        if spec.storage.size != self.expanded_to:
+            self.expanded_to = spec.storage.size
+            for message in await expand_volumes(self.api, objects.pvcs, spec):
+                await self.events.record(body, RecordEvent("VolumeExpansionRefused", message, warning=True))
+        for field_name in self.owned.blocked:
+            if field_name != "spec.volumeClaimTemplates":
+                await self.events.record(
+                    body,
+                    RecordEvent(
+                        "ImmutableField",
+                        f"the StatefulSet's {field_name} cannot change in place: the change waits",
+                        warning=True,
+                    ),
+                )
         addresses = {
             p["metadata"]["name"]: ip
             for p in objects.pods

@@ -19,6 +19,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from pgherd.api.cluster import PostgresClusterSpec
@@ -26,6 +27,7 @@ from pgherd.engine.actions import Prune
 from pgherd.kube import names
 from pgherd.kube.api import ApiError, KubeApi
 from pgherd.kube.builders import common, configmap, jobs, pdb, secrets, serviceaccount, services, statefulset
+from pgherd.kube.builders.statefulset import quantity
 
 if TYPE_CHECKING:
     from pgherd.kube.loop import OperatorConfig
@@ -225,6 +227,35 @@ class OwnedObjects:
         return jobs.prune_job(
             self.ref(body, spec, image, revision), stamp, action.keep_last, action.keep_within
         )
+
+
+async def expand_volumes(api: KubeApi, pvcs: list[JSON], spec: PostgresClusterSpec) -> list[str]:
+    """Grow every member volume smaller than ``spec.storage.size`` (a StatefulSet's claim templates are
+    immutable: the PVCs are patched one by one). Returns what the API server refused, for Events: a
+    StorageClass without allowVolumeExpansion, or a shrink (never attempted)."""
+    wanted = quantity(spec.storage.size)
+    refused: list[str] = []
+    for pvc in pvcs:
+        name = pvc["metadata"]["name"]
+        if not name.startswith(names.VOLUME_DATA + "-"):
+            continue
+        current = ((pvc.get("spec") or {}).get("resources") or {}).get("requests", {}).get("storage")
+        if current is None:
+            continue
+        have = quantity(str(current))
+        if not isinstance(have, Decimal) or not isinstance(wanted, Decimal) or have >= wanted:
+            continue
+        try:
+            await api.patch(
+                "PersistentVolumeClaim",
+                pvc["metadata"]["namespace"],
+                name,
+                {"spec": {"resources": {"requests": {"storage": spec.storage.size}}}},
+            )
+            pvc["spec"]["resources"]["requests"]["storage"] = spec.storage.size
+        except ApiError as exc:
+            refused.append(f"volume {name} not expanded to {spec.storage.size}: {exc.message}")
+    return refused
 
 
 def _owned_by(obj: JSON, uid: str) -> bool:
