@@ -17,6 +17,8 @@ from pgherd_backup.agent.state import AgentState
 from pgherd_backup.agent.tls import client_context, issue, server_context
 from pgherd_backup.agent.wire import (
     ACTIONS,
+    ActionOutcome,
+    ActionProgress,
     ActionResult,
     RejoinRequest,
     Status,
@@ -47,6 +49,31 @@ def test_documents_round_trip_in_camel_case():
     result = ActionResult("rejoin", method="reclone", kept_aside="/v/kept/b")
     assert ActionResult.from_dict(result.to_dict()) == result
     assert RejoinRequest.from_dict({"upstream": "h:5432"}) == RejoinRequest(upstream="h:5432")
+    # a long action: its progress and its outcome, in /status
+    restoring = Status(
+        member="c-0",
+        cluster="c",
+        action="restore",
+        action_progress=ActionProgress("restore", "restoring", "r1", "20250101T000000Z", None, 10, 99),
+        last_action=ActionOutcome("restore", False, "r0", error="no snapshot 'x'"),
+    )
+    raw = restoring.to_dict()
+    assert raw["actionProgress"]["requestId"] == "r1" and raw["actionProgress"]["bytesTotal"] == 99
+    assert raw["lastAction"] == {
+        **raw["lastAction"],
+        "ok": False,
+        "requestId": "r0",
+        "error": "no snapshot 'x'",
+    }
+    assert Status.from_dict(raw) == restoring
+    restore = ACTIONS["restore"].from_dict({"snapshot": "latest", "target": "immediate", "requestId": "r1"})
+    assert restore.to_dict() == {
+        "reason": "",
+        "snapshot": "latest",
+        "target": "immediate",
+        "requestId": "r1",
+    }
+    assert ActionResult.from_dict({"action": "restore", "inProgress": True}).in_progress
 
 
 def test_documents_of_the_wrong_shape_are_refused_with_the_key_named():

@@ -38,6 +38,9 @@ STATUS_KEYS = {
     "crashes",
     "lastCrashAt",
     "lastError",
+    "action",
+    "actionProgress",
+    "lastAction",
 }
 
 # Every answer the tests received, checked for credentials at the end of the module.
@@ -168,6 +171,7 @@ def test_unknown_actions_and_bad_requests_get_errors_a_person_can_act_on(pair):
         "checkpoint",
         "drop-slot",
         "seed",
+        "restore",
     }
 
 

@@ -1,6 +1,7 @@
 """One function per action of POST /actions/<name>. Each is idempotent (a repeated order finds its
-work done and answers `changed: false`), returns once done, and raises `Refused` (409) when the
-member's state forbids it, before changing anything. Fence alone does not wait for an action in
+work done and answers `changed: false`), returns once done (restore alone answers at once and goes on
+in its thread: restoring.py), and raises `Refused` (409) when the member's state forbids it, before
+changing anything. Fence alone does not wait for an action in
 progress: it stops PostgreSQL at once, and the gate (instance.py) keeps the slower action from starting
 it again.
 """
@@ -17,6 +18,7 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
+from pgherd_backup.agent import restoring
 from pgherd_backup.agent.instance import Instance, Refused, StartRole, describe_upstream, upstream_params
 from pgherd_backup.agent.seeding import seed_and_start
 from pgherd_backup.agent.status import query_live
@@ -388,6 +390,7 @@ HANDLERS: dict[str, Callable[[Instance, Any], ActionResult]] = {
     "checkpoint": checkpoint,
     "drop-slot": drop_slot,
     "seed": seed,
+    "restore": restoring.request,  # answers at once; the restore goes on in its thread
 }
 
 

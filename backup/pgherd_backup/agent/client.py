@@ -28,6 +28,7 @@ from pgherd_backup.agent.wire import (
     RejoinRequest,
     Request,
     RestartRequest,
+    RestoreRequest,
     SeedRequest,
     SetSyncRequest,
     Status,
@@ -115,7 +116,7 @@ class AgentClient:
         status, _ = self._request("GET", f"/{name}", None, timeout or self.timeout, auth=False)
         return status
 
-    # -- actions (each idempotent; each returns once done) ---------------------------------------
+    # -- actions (each idempotent; each returns once done, but restore, which goes on in the agent) --
     def promote(self, reason: str = "") -> ActionResult:
         return self.act(PromoteRequest(reason=reason))
 
@@ -157,6 +158,20 @@ class AgentClient:
             reason=reason, method=method, upstream=upstream, snapshot=snapshot, target=target
         )
         return self.act(request, timeout=SLOW_ACTION_TIMEOUT)
+
+    def restore(
+        self,
+        snapshot: str | None = None,
+        target: str | None = None,
+        request_id: str | None = None,
+        reason: str = "",
+    ) -> ActionResult:
+        """Start an in-place restore of this fenced member (see RestoreRequest). It answers at once
+        (`in_progress`: 202) and goes on in the agent: follow `status().action_progress` until
+        `status().last_action` (its `request_id`) says how it ended. Asked again with the same
+        `request_id`, it answers that restore's state and never starts another."""
+        request = RestoreRequest(reason=reason, snapshot=snapshot, target=target, request_id=request_id)
+        return self.act(request)
 
     def act(self, request: Request, timeout: float | None = None) -> ActionResult:
         body = self._call(

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
@@ -30,6 +31,7 @@ from pgherd_backup.agent.credentials import Credentials
 from pgherd_backup.agent.options import AgentOptions, read_parameters
 from pgherd_backup.agent.state import AgentState
 from pgherd_backup.agent.supervisor import PostmasterChild, PostmasterState, StartRefused, stop_children
+from pgherd_backup.agent.wire import ActionProgress
 from pgherd_backup.errors import BackupError, PostgresError
 from pgherd_backup.postgres.binaries import PgBinaries
 from pgherd_backup.postgres.config import (
@@ -69,6 +71,35 @@ class StartRole(StrEnum):
 
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+@dataclass
+class LongAction:
+    """An action going on in its own thread after its request was answered (a restore): what /status
+    shows as `actionProgress`. `key`: what a repeated request must match to be the same order."""
+
+    name: str
+    key: tuple[str | None, ...]
+    request_id: str | None = None
+    snapshot: str | None = None
+    target: str | None = None
+    stage: str | None = None
+    bytes_done: int | None = None
+    bytes_total: int | None = None
+    kept_aside: str | None = None
+    started_at: str = field(default_factory=now_iso)
+
+    def wire(self) -> ActionProgress:
+        return ActionProgress(
+            name=self.name,
+            stage=self.stage,
+            request_id=self.request_id,
+            snapshot=self.snapshot,
+            target=self.target,
+            bytes_done=self.bytes_done,
+            bytes_total=self.bytes_total,
+            started_at=self.started_at,
+        )
 
 
 def upstream_params(upstream: str) -> tuple[dict[str, Any], bool]:
@@ -127,6 +158,7 @@ class Instance:
         self.last_error: str | None = None
         self.start_failed = False
         self.action_name: str | None = None
+        self.long_action: LongAction | None = None  # the action going on after its answer (restore)
         self.boot_done = threading.Event()
         self._state_lock = threading.RLock()
         self._action_lock = threading.Lock()
@@ -310,9 +342,16 @@ class Instance:
             raise Refused(f"not started: {reason}")
 
     def start(
-        self, role: StartRole, token: int, *, upstream: str | None = None, may_start_fenced: bool = False
+        self,
+        role: StartRole,
+        token: int,
+        *,
+        upstream: str | None = None,
+        may_start_fenced: bool = False,
+        report_exit: bool = True,
     ) -> bool:
-        """Configure the data directory for `role` and start PostgreSQL (no-op when it runs); gated."""
+        """Configure the data directory for `role` and start PostgreSQL (no-op when it runs); gated.
+        `report_exit=False`: the caller watches it (a restore's replay), see PostmasterChild.start."""
         if not self.data_present():
             raise Refused(f"{self.pgdata} holds no data: seed it first (POST /actions/seed)")
         self.check(token, may_start_fenced=may_start_fenced)
@@ -322,6 +361,7 @@ class Instance:
             started = self.postmaster.start(
                 lambda: self.refusal(token, may_start_fenced=may_start_fenced),
                 timeout=self.options.start_timeout,
+                report_exit=report_exit,
             )
         except StartRefused as exc:
             raise Refused(f"not started: {exc}") from None
@@ -373,14 +413,22 @@ class Instance:
     # -- actions: one at a time ------------------------------------------------------------------------
     @contextlib.contextmanager
     def action(self, name: str, wait: float = 0.5) -> Iterator[None]:
-        if not self._action_lock.acquire(timeout=wait):
-            raise Busy(f"busy: {self.action_name or 'an action'} is in progress; ask again when it is done")
-        self.action_name = name
+        self.hold(name, wait)
         try:
             yield
         finally:
-            self.action_name = None
-            self._action_lock.release()
+            self.release()
+
+    def hold(self, name: str, wait: float = 0.5) -> None:
+        """Take the one action slot (Busy when another action keeps it past `wait`); `release()` gives
+        it back, also from another thread: a long action answers first and goes on in its own."""
+        if not self._action_lock.acquire(timeout=wait):
+            raise Busy(f"busy: {self.action_name or 'an action'} is in progress; ask again when it is done")
+        self.action_name = name
+
+    def release(self) -> None:
+        self.action_name = None
+        self._action_lock.release()
 
     def record(self, token: int | None = None, **fields: Any) -> None:
         """Record state fields (fenced, upstream, revision...); with `token`, only if no fence came since
@@ -451,48 +499,59 @@ class Instance:
 
     # -- boot -----------------------------------------------------------------------------------------
     def boot(self) -> None:
-        """What a starting agent does with its data directory (see seeding.py for an empty one)."""
-        from pgherd_backup.agent.seeding import seed_and_start
-
+        """What a starting agent does with its data directory (see seeding.py for an empty one, and
+        restoring.py for a restore the previous agent left in progress)."""
+        handed_over = False
         try:
-            with self.action("boot", wait=60):
-                token = self.order()
-                if is_empty(self.pgdata):
-                    if self.options.seed == "none":
-                        log.info(
-                            "%s is empty: waiting for an order to seed it (POST /actions/seed)", self.pgdata
-                        )
-                        return
-                    options = self.options
-                    seed_and_start(
-                        self, options.seed, options.upstream, options.snapshot, options.recovery_target, token
-                    )
-                    return
-                if not self.data_present():
-                    raise Refused(
-                        f"{self.pgdata} holds files but no PostgreSQL data (no PG_VERSION): move them aside; "
-                        "the agent then waits for a seed order"
-                    )
-                with self._state_lock:
-                    fenced, demoted, upstream = self.state.fenced, self.state.demoted, self.state.upstream
-                if fenced and not demoted:
-                    log.warning(
-                        "the member is fenced: PostgreSQL stays stopped until unfence, demote, rejoin or promote"
-                    )
-                    return
-                if (self.pgdata / "recovery.signal").exists():
-                    # A restored snapshot's targeted recovery, as ordered: it ends with its promotion.
-                    self.start(StartRole.AS_IS, token)
-                    return
-                self.start(
-                    StartRole.STANDBY, token, upstream=None if demoted else upstream, may_start_fenced=demoted
-                )
+            self.hold("boot", wait=60)
+            try:
+                handed_over = self._boot(self.order())
+            finally:
+                if not handed_over:
+                    self.release()
         except (BackupError, OSError) as exc:
             self.start_failed = True
             self.last_error = self.credentials.redact(str(exc))
             log.error("the first start failed: %s", self.last_error)
         finally:
             self.boot_done.set()
+
+    def _boot(self, token: int) -> bool:
+        """The first start, holding the action slot; True when a restore's thread took the slot over."""
+        from pgherd_backup.agent import restoring
+        from pgherd_backup.agent.seeding import seed_and_start
+
+        if restoring.on_boot(self):
+            # A restore's replay the previous agent left running: a thread of its own goes on with it.
+            restoring.resume(self, token)
+            return True
+        if is_empty(self.pgdata):
+            if self.options.seed == "none":
+                log.info("%s is empty: waiting for an order to seed it (POST /actions/seed)", self.pgdata)
+                return False
+            options = self.options
+            seed_and_start(
+                self, options.seed, options.upstream, options.snapshot, options.recovery_target, token
+            )
+            return False
+        if not self.data_present():
+            raise Refused(
+                f"{self.pgdata} holds files but no PostgreSQL data (no PG_VERSION): move them aside; "
+                "the agent then waits for a seed order"
+            )
+        with self._state_lock:
+            fenced, demoted, upstream = self.state.fenced, self.state.demoted, self.state.upstream
+        if fenced and not demoted:
+            log.warning(
+                "the member is fenced: PostgreSQL stays stopped until unfence, demote, rejoin or promote"
+            )
+            return False
+        if (self.pgdata / "recovery.signal").exists():
+            # A restored snapshot's targeted recovery, as ordered: it ends with its promotion.
+            self.start(StartRole.AS_IS, token)
+            return False
+        self.start(StartRole.STANDBY, token, upstream=None if demoted else upstream, may_start_fenced=demoted)
+        return False
 
     # -- SIGTERM -------------------------------------------------------------------------------------------
     def terminate(self) -> None:
@@ -526,6 +585,10 @@ class Instance:
 
     # -- the probes' view ------------------------------------------------------------------------------
     def healthy(self) -> tuple[bool, str]:
+        with self._state_lock:
+            stopped_on_purpose = self.state.fenced and not self.state.demoted
+        if stopped_on_purpose and not self.postmaster.alive:
+            return True, "fenced: stopped on purpose"
         state = self.postmaster.state
         if state is PostmasterState.CRASHED:
             return False, f"PostgreSQL crashed and is not running again yet ({self.last_error})"

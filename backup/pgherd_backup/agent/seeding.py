@@ -20,6 +20,7 @@ from pgherd_backup.manifest import parse_time
 from pgherd_backup.postgres.config import Setting, update_pgherd_conf
 from pgherd_backup.postgres.process import give_to_pg, make_pg_dir
 from pgherd_backup.postgres.seed import basebackup_seed, initdb, is_empty, snapshot_seed
+from pgherd_backup.restore import RecoveryTarget
 
 log = logging.getLogger("pgherd.agent")
 
@@ -32,27 +33,28 @@ class Seeded:
     detail: str
 
 
-def recovery_target(target: str | None) -> dict[str, Setting]:
-    """Settings for a target given as `time:<ISO 8601>`, `lsn:<lsn>` or `immediate`."""
-    from pgherd_backup.restore import RecoveryTarget
-
+def parse_target(target: str | None) -> RecoveryTarget:
+    """A recovery target given as `time:<ISO 8601>`, `lsn:<lsn>` or `immediate` (none: the end of the
+    archive); UsageError (400) otherwise."""
     if not target:
-        return {}
+        return RecoveryTarget()
     kind, _, value = target.partition(":")
     try:
         if kind == "time":
-            settings = RecoveryTarget(time=parse_time(value)).settings()
-        elif kind == "lsn":
-            settings = RecoveryTarget(lsn=value).settings()
-        elif kind == "immediate":
-            settings = RecoveryTarget(immediate=True).settings()
-        else:
-            raise UsageError(
-                f"invalid recovery target {target!r}: expected time:<ISO 8601>, lsn:<lsn> or immediate"
-            )
+            return RecoveryTarget(time=parse_time(value))
+        if kind == "lsn":
+            return RecoveryTarget(lsn=value)
+        if kind == "immediate" and not value:
+            return RecoveryTarget(immediate=True)
     except ValueError as exc:
         raise UsageError(f"invalid recovery target {target!r}: {exc}") from None
-    return {**settings, "recovery_target_action": "promote"}
+    raise UsageError(f"invalid recovery target {target!r}: expected time:<ISO 8601>, lsn:<lsn> or immediate")
+
+
+def recovery_target(target: str | None) -> dict[str, Setting]:
+    """Settings for a target given as `time:<ISO 8601>`, `lsn:<lsn>` or `immediate`."""
+    settings = parse_target(target).settings()
+    return {**settings, "recovery_target_action": "promote"} if settings else {}
 
 
 def seed_and_start(

@@ -161,6 +161,10 @@ class _Handler(BaseHTTPRequestHandler):
                 500, f"internal error ({type(exc).__name__}: {exc}); see the agent's log", "failed", name
             )
         else:
+            if result.in_progress:  # accepted: it goes on in the background, followed in /status
+                log.info("%s: %s", name, result.detail)
+                self._send(202, result.to_dict())
+                return
             log.info("%s done in %.1fs: %s", name, time.monotonic() - started, result.detail)
             self._send(200, result.to_dict())
 

@@ -2,7 +2,8 @@
 
 A fence must survive a restarted agent (a pod deleted while fenced must not come back running), and so
 must the orders that shape the next start: the upstream to follow, the revision running, the role the
-member had when it was fenced (Unfence starts a primary again only if it was one), the data kept aside.
+member had when it was fenced (Unfence starts a primary again only if it was one), the data kept aside,
+and a restore in progress (what a restarted agent must finish or report) and how the last one ended.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 @dataclass
@@ -23,6 +25,9 @@ class AgentState:
     kept_aside: list[str] = field(default_factory=list)
     crashes: int = 0
     last_crash_at: str | None = None
+    # A restore in progress: {requestId, snapshot, target, stage, startedAt, keptAside} (see restoring.py)
+    restore: dict[str, Any] | None = None
+    last_action: dict[str, Any] | None = None  # wire.ActionOutcome of the last long action
 
     @classmethod
     def load(cls, path: Path) -> AgentState:

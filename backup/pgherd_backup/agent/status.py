@@ -14,7 +14,7 @@ import psycopg
 
 from pgherd_backup.agent.instance import VERSION, Instance, describe_upstream
 from pgherd_backup.agent.supervisor import PostmasterState
-from pgherd_backup.agent.wire import Status, WalReceiver, format_lsn, parse_lsn
+from pgherd_backup.agent.wire import ActionOutcome, Status, WalReceiver, WireError, format_lsn, parse_lsn
 from pgherd_backup.errors import BackupError
 from pgherd_backup.postgres.control import read_controldata
 
@@ -142,6 +142,7 @@ def gather(inst: Instance) -> Status:
     state = inst.settings_snapshot()
     pm = inst.postmaster
     ready, _ = readiness(inst, live)
+    long_action = inst.long_action
     common: dict[str, Any] = {
         "member": inst.options.member,
         "cluster": inst.options.cluster,
@@ -160,6 +161,8 @@ def gather(inst: Instance) -> Status:
         "last_crash_at": state["last_crash_at"],
         "last_error": inst.last_error,
         "action": inst.action_name,
+        "action_progress": long_action.wire() if long_action is not None else None,
+        "last_action": _last_action(state["last_action"]),
         "pg_port": inst.options.pg_port,
         "agent_version": VERSION,
     }
@@ -190,6 +193,13 @@ def gather(inst: Instance) -> Status:
     if pm.state is PostmasterState.STOPPED and (inst.pgdata / "global" / "pg_control").exists():
         return Status(**common, **_stopped(inst))
     return Status(**common)
+
+
+def _last_action(raw: Any) -> ActionOutcome | None:
+    try:
+        return ActionOutcome.from_dict(raw) if raw else None
+    except WireError:
+        return None
 
 
 def _stopped(inst: Instance) -> dict[str, Any]:

@@ -58,6 +58,22 @@ def pid_file_status(pgdata: Path, pid: int) -> str | None:
     return lines[_PID_STATUS_LINE].strip()
 
 
+def last_fatal(path: Path, since: int = 0) -> str | None:
+    """The text of the last FATAL or PANIC line PostgreSQL wrote to its log after byte `since` (why it
+    stopped or did not start), without the line's prefix; None when there is none."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(since)
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return None
+    for line in reversed(text.splitlines()):
+        for level in ("PANIC:", "FATAL:"):
+            if level in line:
+                return f"{level} {line.split(level, 1)[1].strip()}"
+    return None
+
+
 def _log_tail(path: Path, lines: int = 6) -> str:
     try:
         text = path.read_text(errors="replace")
@@ -74,6 +90,10 @@ class _Child:
     # While `start` waits for it, an exit is that start's failure (it raises), not a crash to report:
     # a crash restart that fails must not spawn another restart.
     starter_waiting: bool = True
+    # False while an action watches it to its end itself (a restore's replay): its exit is that
+    # action's failure, reported by it, and must not bring a crash restart.
+    report_exit: bool = True
+    log_offset: int = 0  # where its log lines begin in the log file
 
 
 class PostmasterChild:
@@ -124,17 +144,30 @@ class PostmasterChild:
                 self._set(PostmasterState.RUNNING)
             return self._state
 
+    def failure_reason(self) -> str | None:
+        """The last FATAL (or PANIC) line the current (or last) child wrote to the log."""
+        with self._lock:
+            child = self._child
+        return last_fatal(self.log_file, child.log_offset) if child is not None else None
+
+    def report_exits(self) -> None:
+        """From now on an exit of the running child is a crash again (see `start(report_exit=False)`)."""
+        with self._lock:
+            if self._child is not None:
+                self._child.report_exit = True
+
     def _set(self, state: PostmasterState) -> None:
         if state is not self._state:
             self._state = state
             self.since = datetime.now(UTC)
 
     # -- start --------------------------------------------------------------------------------------
-    def start(self, may_start: Callable[[], str | None], *, timeout: float) -> bool:
+    def start(self, may_start: Callable[[], str | None], *, timeout: float, report_exit: bool = True) -> bool:
         """Start PostgreSQL as the data directory says (standby.signal...) unless it runs already;
         wait until it accepts connections. Returns False when it was running already.
         StartRefused when `may_start()` gives a reason; PostgresError when it does not come up (still
-        recovering after `timeout` is not an error: the state stays `starting`)."""
+        recovering after `timeout` is not an error: the state stays `starting`). `report_exit=False`:
+        the caller watches it and answers for its exit until `report_exits()`."""
         with self._lock:
             if self._child is not None and not self._child.exited.is_set():
                 return False
@@ -143,6 +176,7 @@ class PostmasterChild:
                 raise StartRefused(refusal)
             self._stop_stray()
             child = self._spawn()
+            child.report_exit = report_exit
         try:
             return self._wait_accepting(child, timeout)
         finally:
@@ -175,6 +209,7 @@ class PostmasterChild:
     def _spawn(self) -> _Child:
         self.log_file.touch(exist_ok=True)
         give_to_pg(self.log_file)
+        offset = self.log_file.stat().st_size
         with self.log_file.open("ab") as out:
             proc = pg_popen(
                 [self.bins.postgres, "-D", str(self.pgdata)],
@@ -185,7 +220,7 @@ class PostmasterChild:
                 # Its own session: a terminal's Ctrl-C reaches the agent only, which decides how to stop it.
                 start_new_session=True,
             )
-        child = _Child(proc)
+        child = _Child(proc, log_offset=offset)
         self._child = child
         self._set(PostmasterState.STARTING)
         log.info("PostgreSQL started on %s (pid %d)", self.pgdata, proc.pid)
@@ -196,7 +231,7 @@ class PostmasterChild:
         code = child.proc.wait()
         with self._lock:
             crashed = not child.asked_to_stop
-            report = crashed and not child.starter_waiting
+            report = crashed and not child.starter_waiting and child.report_exit
             if child is self._child:
                 self.last_exit = code
                 self._set(PostmasterState.CRASHED if crashed else PostmasterState.STOPPED)

@@ -20,6 +20,8 @@ from pgherd_backup.walnames import format_lsn, parse_lsn
 
 __all__ = [
     "ACTIONS",
+    "ActionOutcome",
+    "ActionProgress",
     "ActionResult",
     "CheckpointRequest",
     "DemoteRequest",
@@ -29,6 +31,7 @@ __all__ = [
     "PromoteRequest",
     "RejoinRequest",
     "RestartRequest",
+    "RestoreRequest",
     "SeedRequest",
     "SetSyncRequest",
     "Status",
@@ -149,6 +152,39 @@ class WalReceiver(Wire):
 
 
 @dataclass(frozen=True)
+class ActionProgress(Wire):
+    """A long action in progress (restore). `stage`: restoring (the snapshot's files are fetched, checked
+    and written) or replaying (PostgreSQL recovers archived WAL up to the target); `bytesDone` /
+    `bytesTotal`: the snapshot's files written so far, of its size (null until known)."""
+
+    name: str
+    stage: str | None = None
+    request_id: str | None = None
+    snapshot: str | None = None  # the snapshot's id once resolved ("latest" until then)
+    target: str | None = None
+    bytes_done: int | None = None
+    bytes_total: int | None = None
+    started_at: str | None = None
+
+
+@dataclass(frozen=True)
+class ActionOutcome(Wire):
+    """How the last long action ended (kept across the agent's restarts): `ok`, or the `error`."""
+
+    name: str
+    ok: bool
+    request_id: str | None = None
+    snapshot: str | None = None
+    target: str | None = None
+    error: str | None = None
+    detail: str = ""
+    timeline: int | None = None
+    kept_aside: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+
+
+@dataclass(frozen=True)
 class Status(Wire):
     """GET /status. Role and LSNs come from SQL while PostgreSQL runs; from pg_controldata and the end of
     valid WAL in pg_wal (`heldLSN`, `finalLSN`, `shutdownClean`) while it is stopped. None: unknown."""
@@ -180,6 +216,9 @@ class Status(Wire):
     last_crash_at: str | None = None
     last_error: str | None = None
     action: str | None = None  # the action in progress
+    action_progress: ActionProgress | None = None  # a long action's stage and bytes (restore)
+    last_action: ActionOutcome | None = None  # how the last long action ended
+    start_error: str | None = None  # why PostgreSQL did not start (its log's last FATAL line), until it does
     archiving_healthy: bool | None = None  # pg_stat_archiver on a primary
     system_identifier: str | None = None
     pg_port: int | None = None
@@ -280,6 +319,22 @@ class SeedRequest(Request):
     target: str | None = None
 
 
+@dataclass(frozen=True)
+class RestoreRequest(Request):
+    """Restore a snapshot into this fenced member's own volume, in place: PostgreSQL stopped, the data
+    directory moved to `<volume>/kept/<stamp>`, the snapshot (`snapshot`: an id, or "latest": with a
+    time target the newest one ending before it) restored, archived WAL replayed to `target` (as
+    SeedRequest's; none: the end of the archive), promoted onto a new timeline. Long: answered with
+    202 at once, followed in /status. `requestId`: the caller's name for this restore (e.g. its Restore
+    object): asked again with the id of the restore in progress or of the last one, the agent answers
+    that restore's state and never starts another."""
+
+    action = "restore"
+    snapshot: str | None = None
+    target: str | None = None
+    request_id: str | None = None
+
+
 ACTIONS: dict[str, type[Request]] = {
     cls.action: cls
     for cls in (
@@ -293,6 +348,7 @@ ACTIONS: dict[str, type[Request]] = {
         CheckpointRequest,
         DropSlotRequest,
         SeedRequest,
+        RestoreRequest,
     )
 }
 
@@ -301,7 +357,8 @@ ACTIONS: dict[str, type[Request]] = {
 class ActionResult(Wire):
     """The answer of an action that is done. `changed`: False when there was nothing to do (every
     action is idempotent). `method`: how it was done (rejoin: repoint | rewind | none | reclone; seed:
-    initdb | basebackup | snapshot)."""
+    initdb | basebackup | snapshot). `inProgress`: the action goes on in the background (HTTP 202): follow
+    it in /status (`action`, `actionProgress`) until `lastAction` says how it ended."""
 
     action: str
     ok: bool = True
@@ -312,6 +369,7 @@ class ActionResult(Wire):
     shutdown_clean: bool | None = None
     kept_aside: str | None = None
     timeline: int | None = None
+    in_progress: bool = False
 
 
 @dataclass(frozen=True)
