@@ -9,6 +9,14 @@ installed once per session from charts/pgherd unless $PGHERD_E2E_INSTALL=0 says 
     PGHERD_E2E_OPERATOR_NAMESPACE    where the operator runs (default pgherd-system)
     PGHERD_E2E_RELEASE               the Helm release, also the Deployment's name (default pgherd)
     PGHERD_E2E_INSTALL=0             do not install or upgrade the chart
+    PGHERD_E2E_S3_ENDPOINT           an S3 server the pods reach (e.g. the MinIO of e2e/kind/install-minio.sh):
+                                     a PostgresCluster applied without spec.backup.store gets this store
+                                     (as the sandbox gives its embedded one), so Backups and Restores work
+    PGHERD_E2E_S3_BUCKET             its bucket (default pgherd-e2e; it must exist)
+    PGHERD_E2E_S3_SECRET             NAMESPACE/NAME of a Secret holding AWS_ACCESS_KEY_ID and
+                                     AWS_SECRET_ACCESS_KEY, copied as `pgherd-e2e-s3` into each cluster's namespace
+    PGHERD_E2E_S3_PATH               the prefix in the bucket (default e2e-<UTC time of the session>: a
+                                     rerun against the same bucket starts from an empty archive)
 
 How the scenarios' operations map to Kubernetes:
   kill(member)          kubectl delete pod <member> --grace-period=0 --force (the StatefulSet recreates it)
@@ -55,11 +63,56 @@ from e2e.driver import (
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SWITCHOVER_ANNOTATION = "pgherd.io/switchover-to"
 POSTGRES_PORT = 5432
+S3_SECRET = "pgherd-e2e-s3"
+S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 _FORWARDING = re.compile(r"Forwarding from 127\.0\.0\.1:(\d+) -> ")
+_SESSION_PATH = time.strftime("e2e-%Y%m%d-%H%M%S", time.gmtime())
 
 
 def _env(name: str, default: str) -> str:
     return os.environ.get(name) or default
+
+
+def chart_image_values(image: str) -> list[str]:
+    """`helm --set` arguments running `image` (REPOSITORY[:TAG]) as the operator. The chart's default
+    postgresImage is then `<image>-pg{major}`: e2e/kind/build-image.sh loads that tag too."""
+    last = image.split("/")[-1]
+    repository, _, tag = image.rpartition(":") if ":" in last else (image, "", "")
+    values = ["--set", f"image.repository={repository}", "--set", "image.pullPolicy=IfNotPresent"]
+    if tag:
+        values += ["--set", f"image.tag={tag}"]
+    return values
+
+
+def s3_store() -> dict[str, Any] | None:
+    """The backup store given to clusters applied without one ($PGHERD_E2E_S3_ENDPOINT), else None."""
+    endpoint = os.environ.get("PGHERD_E2E_S3_ENDPOINT")
+    if not endpoint:
+        return None
+    return {
+        "s3": {
+            "bucket": _env("PGHERD_E2E_S3_BUCKET", "pgherd-e2e"),
+            "path": _env("PGHERD_E2E_S3_PATH", _SESSION_PATH),
+            "endpoint": endpoint,
+            "forcePathStyle": True,
+            "credentials": {"secretName": S3_SECRET},
+        }
+    }
+
+
+def with_store(manifest: Manifest, store: dict[str, Any] | None) -> dict[str, Any]:
+    """A copy of `manifest`; a PostgresCluster without spec.backup.store gets `store`."""
+    doc = dict(manifest)
+    if store is None or doc.get("kind") != "PostgresCluster":
+        return doc
+    spec = dict(doc.get("spec") or {})
+    backup = dict(spec.get("backup") or {})
+    if backup.get("store"):
+        return doc
+    backup["store"] = store
+    spec["backup"] = backup
+    doc["spec"] = spec
+    return doc
 
 
 class Kube:
@@ -233,32 +286,53 @@ class KindDriver(PollingDriver):
         self._proxy: ServiceProxy | None = None
         self._credentials: dict[str, str] | None = None
         self._applied = 0
+        self._store = s3_store()
         self._ensure_operator()
         self.kube.run("create", "namespace", self.namespace, check=False)
+        if self._store is not None:
+            self._copy_s3_secret()
 
     # -- set-up --------------------------------------------------------------------------------------------
 
     def _ensure_operator(self) -> None:
         if KindDriver._operator_installed or os.environ.get("PGHERD_E2E_INSTALL") == "0":
             return
-        values: list[str] = []
         image = os.environ.get("PGHERD_E2E_IMAGE")
-        if image:
-            repository, _, tag = image.rpartition(":") if ":" in image.split("/")[-1] else (image, "", "")
-            values += ["--set", f"image.repository={repository}", "--set", "image.pullPolicy=IfNotPresent"]
-            if tag:
-                values += ["--set", f"image.tag={tag}"]
+        values = chart_image_values(image) if image else []
         self.kube.run_helm(
             "upgrade", "--install", self.release, str(REPO_ROOT / "charts" / "pgherd"),
             "--namespace", self.operator_namespace, "--create-namespace", "--wait", "--timeout", "5m", *values,
         )  # fmt: skip
         KindDriver._operator_installed = True
 
+    def _copy_s3_secret(self) -> None:
+        """The S3 keys ($PGHERD_E2E_S3_SECRET) into this cluster's namespace, where its pods read them."""
+        source = os.environ.get("PGHERD_E2E_S3_SECRET")
+        if not source or "/" not in source:
+            raise DriverError(
+                f"PGHERD_E2E_S3_ENDPOINT is set: PGHERD_E2E_S3_SECRET must name the Secret of its keys as"
+                f" NAMESPACE/NAME (found {source!r})"
+            )
+        namespace, _, name = source.partition("/")
+        data = self.kube.json("-n", namespace, "get", "secret", name).get("data") or {}
+        missing = [key for key in S3_KEYS if key not in data]
+        if missing:
+            raise DriverError(f"the Secret {source} lacks {', '.join(missing)}")
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "Opaque",
+            "metadata": {"name": S3_SECRET, "namespace": self.namespace},
+            "data": {key: data[key] for key in S3_KEYS},
+        }
+        # On stdin, never on a command line or in the workdir: the keys stay out of logs and artifacts.
+        self.kube.run("apply", "-f", "-", input=json.dumps(secret))
+
     # -- the Driver interface --------------------------------------------------------------------------
 
     def apply(self, manifest: Manifest) -> None:
         self._applied += 1
-        doc = dict(manifest)
+        doc = with_store(manifest, self._store)
         path = self.workdir / f"{self._applied:02d}-{str(doc.get('kind')).lower()}.yaml"
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         result = self.kube.run("-n", self.namespace, "apply", "-f", str(path), check=False)
