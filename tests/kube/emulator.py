@@ -87,11 +87,13 @@ import contextlib
 import copy
 import dataclasses
 import datetime
+import functools
 import json
 import random
 import re
 import threading
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -254,10 +256,13 @@ class ResourceType:
         return kmock.resource(self.group, self.version, self.plural)
 
 
-def builtin_resource_types() -> list[ResourceType]:
+@functools.cache
+def builtin_resource_types() -> tuple[ResourceType, ...]:
     """The built-in resources of kmock's bundled discovery documents (taken from a K3s cluster)."""
     bundled = kmock.ResourcesArray()
-    bundled.load_bundled()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # kmock 0.8 reads it with read_binary()
+        bundled.load_bundled()
     types = []
     for res in bundled:
         info = bundled[res]
@@ -281,7 +286,7 @@ def builtin_resource_types() -> list[ResourceType]:
                 scale=scale,
             )
         )
-    return types
+    return tuple(types)
 
 
 def crd_resource_types(crd: Mapping[str, Any]) -> list[ResourceType]:
@@ -793,6 +798,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
         # Not KubernetesEmulator's own routes and state: this class keeps its own store.
         kmock.KubernetesScaffold.__attrs_post_init__(self)
         self.fallback[self._is_resource_request] << self._serve_resource
+        # The same discovery documents with a trailing slash (the kubernetes client asks for /apis/).
+        self.fallback["get", re.compile(r"/api/")] << self._serve_api
+        self.fallback["get", re.compile(r"/apis/")] << self._serve_apis
+        self.fallback["get", re.compile(r"/apis/[^/]+/")] << self._serve_group
+        self.fallback["get", re.compile(r"/(api/[^/]+|apis/[^/]+/[^/]+)/")] << self._serve_version
         self.fallback["get", re.compile(r"/openapi/v3(/.*)?")] << self._serve_openapi
         self.fallback["get", re.compile(r"/(healthz|livez|readyz)")] << b"ok"
         for rt in builtin_resource_types():
@@ -1736,6 +1746,22 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
                 )
             return 201, self.create_object(rt, namespace, request.data, user=user)
+        if verb == "deletecollection":
+            options = self._delete_options(request)
+            gone = [
+                self.delete_object(rt, namespace, item["metadata"]["name"], options)
+                for item in self.select(
+                    rt, namespace, params.get("labelSelector"), params.get("fieldSelector")
+                )
+                if self._key(rt, namespace, item["metadata"]["name"]) in self._store[rt.key]
+            ]
+            listing = {"resourceVersion": self.resource_version}
+            return 200, {
+                "apiVersion": rt.api_version,
+                "kind": f"{rt.kind}List",
+                "metadata": listing,
+                "items": gone,
+            }
         assert name is not None
         if verb == "update":
             if sub == "scale":
@@ -1757,21 +1783,25 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 rt, namespace, name, request.data, content_type, subresource=sub, user=user
             )
         if verb == "delete":
-            options = dict(request.data) if isinstance(request.data, Mapping) else {}
-            for param in ("propagationPolicy", "gracePeriodSeconds", "orphanDependents"):
-                if param in params:
-                    value: Any = params[param]
-                    options[param] = (
-                        int(value)
-                        if param == "gracePeriodSeconds"
-                        else (value == "true" if param == "orphanDependents" else value)
-                    )
-            return 200, self.delete_object(rt, namespace, name, options)
+            return 200, self.delete_object(rt, namespace, name, self._delete_options(request))
         raise ApiError(
             405,
             "MethodNotAllowed",
             f"the server does not allow this method on the requested resource ({verb})",
         )
+
+    @staticmethod
+    def _delete_options(request: kmock.Request) -> dict[str, Any]:
+        """DeleteOptions from the body, then from the query."""
+        options = dict(request.data) if isinstance(request.data, Mapping) else {}
+        query = request.params
+        if "propagationPolicy" in query:
+            options["propagationPolicy"] = query["propagationPolicy"]
+        if "gracePeriodSeconds" in query:
+            options["gracePeriodSeconds"] = int(query["gracePeriodSeconds"])
+        if "orphanDependents" in query:
+            options["orphanDependents"] = query["orphanDependents"] == "true"
+        return options
 
     def _scale_view(self, rt: ResourceType, obj: Mapping[str, Any]) -> dict[str, Any]:
         assert rt.scale is not None
