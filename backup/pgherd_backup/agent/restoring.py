@@ -204,6 +204,7 @@ def _restore(
         job.kept_aside = str(inst.keep_aside(inst.pgdata))
     inst.record(restore=_marker(job))
     restore_files(store, manifest, inst.pgdata, progress=_Written(inst, job))
+    job.bytes_done = job.bytes_total  # every file written and checked (the tar's end blocks included)
     command = inst.restore_command()
     assert command is not None
     write_recovery_config(inst.pgdata, restore_command=command, target=target.settings())

@@ -3,7 +3,7 @@
 The supervisor acts on a member only through its agent's API (AgentClient), as the Kubernetes adapter
 does; what stays here is the platform's work: starting, restarting (after ``restart_delay``, as the
 kubelet does) and stopping the agent processes, their directories and ports, the rw endpoint record,
-and the snapshot / restore jobs. Observation is every agent's /status at once, mapped to MemberView by
+and the snapshot jobs; a restore is the member's agent's own action, followed in its /status. Observation is every agent's /status at once, mapped to MemberView by
 ``pgherd.agentview`` — the one mapping the Kubernetes adapter will use too.
 
 Each engine action is one agent call. Calls that answer at once or must keep their order (Fence,
@@ -20,20 +20,20 @@ import os
 import shutil
 import time
 from datetime import UTC, datetime
-from pathlib import Path
+from typing import Any
 
 from pgherd.agentview import fetch_statuses, member_view, parse_sync_standby_names, port_resolver
 from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.engine import actions as act
-from pgherd.engine.view import JobKind, MemberView
+from pgherd.engine.view import JobKind, JobState, JobView, MemberView
+from pgherd.local.jobs import Job
 from pgherd.local.layout import SandboxPaths
-from pgherd.local.objects import ObjectStore
+from pgherd.local.objects import ObjectStore, now_iso
 from pgherd.local.observe import Observation
 from pgherd.local.platform import _FAST_SETTINGS, LocalPlatform
 from pgherd.local.pods import Credentials, Pods
 from pgherd.local.state import MemberState, SandboxState
-from pgherd_backup.agent.client import AgentClient, AgentError, AgentUnreachable
-from pgherd_backup.agent.state import AgentState
+from pgherd_backup.agent.client import AgentActionError, AgentClient, AgentError, AgentUnreachable
 from pgherd_backup.agent.wire import ActionResult, FenceRequest, Status, lsn_value
 from pgherd_backup.postgres.config import OWNED_SETTINGS
 from pgherd_backup.postgres.seed import is_empty
@@ -90,6 +90,8 @@ class AgentPlatform(LocalPlatform):
         self._statuses: dict[str, Status | None] = {}
         self._liveness_due = 0.0
         self._liveness_failures: dict[str, int] = {}
+        self._restore_stages: dict[str, str] = {}  # the last stage each restore was seen in
+        self._restore_progress: dict[str, dict[str, int]] = {}
 
     def agent_url(self, name: str) -> str | None:
         member = self.members.get(name)
@@ -132,9 +134,8 @@ class AgentPlatform(LocalPlatform):
         is the agent's: a crash is restarted read-only at once, a fence keeps it stopped."""
         self._check_liveness()
         now = time.time()
-        restoring = self._restoring()
         for name, member in list(self.members.items()):
-            if not member.wanted or name in restoring or self.busy(name):
+            if not member.wanted or self.busy(name):
                 continue
             if self.pods.running(name):
                 if member.restart_at is not None:
@@ -191,7 +192,6 @@ class AgentPlatform(LocalPlatform):
         alive = {m.name: self.pods.running(m.name) for m in ordered}
         statuses = fetch_statuses({m.name: self._client(m.name) for m in ordered if alive[m.name]})
         self._statuses = statuses
-        restoring = self._restoring()
         ports = {m.port: m.name for m in ordered}
         resolve = port_resolver(ports)
         views: list[MemberView] = []
@@ -205,7 +205,6 @@ class AgentPlatform(LocalPlatform):
                     status,
                     resolve_upstream=resolve,
                     process_gone=not alive[member.name],
-                    filling=member.name in restoring,
                 )
             )
             seen[member.name] = observation(status)
@@ -404,29 +403,100 @@ class AgentPlatform(LocalPlatform):
         with contextlib.suppress(AgentError):  # refused while a standby uses it: asked again
             self._client(action.member).drop_slot(action.slot.replace("-", "_"), reason=action.reason)
 
-    # --- restore: the job fills the volume while the pod is stopped --------------------------------------
-    def _clear_for_restore(self, name: str) -> Path | None:
-        # Stopped in this tick and the job launched before the next one: keep_running then sees the
-        # member being filled (see _restoring) and leaves its pod stopped. The old data stays on the
-        # member's own volume.
-        self.pods.stop(name, bound=15)
-        pgdata = self.paths.member_data(name)
-        return self._keep_on_volume(name) if pgdata.exists() and not is_empty(pgdata) else None
+    # --- restore: one agent action, followed in its /status ------------------------------------------
+    def _do_StartRestore(self, action: act.StartRestore, spec: PostgresClusterSpec) -> None:
+        """Ask the member's agent to restore in place (it answers at once; the restore goes on there).
+        The job is recorded once the agent took the order: its state is the agent's (see _restore_view);
+        asked again under the same name the agent answers that restore's state, never starts another."""
+        name = action.member
+        job = self.jobs.job(JobKind.RESTORE, action.restore)
+        if name not in self.members or (job.folder / "job.json").exists() or self.busy(name):
+            return
+        try:
+            snapshot = self._snapshot_id(action.backup, action.snapshot_id)
+        except ValueError as exc:
+            self.jobs.fail(JobKind.RESTORE, action.restore, str(exc), member=name)
+            return
+        if not self.pods.running(name):
+            return  # its pod is being restarted: the engine asks again
+        started_at = time.time()
+        try:
+            result = self._client(name).restore(
+                snapshot, action.target, request_id=action.restore, reason=action.reason
+            )
+        except AgentActionError as exc:
+            if exc.status != 500:
+                raise  # refused or busy: the engine asks again
+            # This restore already ran on the agent and failed (a supervisor that restarted before it
+            # recorded the job): its failure is the job's.
+            self.jobs.fail(JobKind.RESTORE, action.restore, exc.message, member=name)
+            return
+        self.jobs.record(
+            JobKind.RESTORE, action.restore, member=name, started_at=started_at, snapshot=snapshot
+        )
+        log.info("restore %s into %s: %s", action.restore, name, result.detail)
+        fields: dict[str, Any] = {"startedAt": now_iso()}
+        if snapshot != "latest":
+            fields["snapshotId"] = snapshot
+        self.objects.update_status("Restore", action.restore, **fields)
 
-    def _agent_state_file(self, name: str) -> Path:
-        return self.paths.member_dir(name) / "agent" / "state.json"
+    def _job_views(self, seen: dict[str, Observation]) -> list[JobView]:
+        return [
+            self.jobs.view(job) if job.kind is JobKind.SNAPSHOT else self._restore_view(job)
+            for job in self.jobs.all()
+        ]
 
-    def _keep_on_volume(self, name: str) -> Path:
-        """Move the data a restore replaces to <volume>/kept/<stamp> (where the agent keeps what a
-        re-clone replaces: the same volume, never deleted) and tell the agent's memory about it."""
-        kept_root = self.paths.member_dir(name) / "kept"
-        kept_root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        target = kept_root / datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-        os.rename(self.paths.member_data(name), target)
-        state = AgentState.load(self._agent_state_file(name))
-        state.kept_aside.append(str(target))
-        state.save(self._agent_state_file(name))
-        return target
+    def _restore_view(self, job: Job) -> JobView:
+        """A restore as its agent tells it: in progress (its stage), or how it ended (lastAction)."""
+        member = job.meta.get("member")
+        if job.rc is not None or not member:
+            return self.jobs.view(job)  # failed before it reached the agent
+        status = self._statuses.get(member)
+        stage = self._restore_stages.get(job.name, "restoring")
+        if status is None:  # no answer now: as it was last seen
+            return JobView(JobKind.RESTORE, job.name, JobState.RUNNING, member, stage)
+        progress = status.action_progress
+        if status.action == "restore" and progress is not None and progress.request_id == job.name:
+            stage = self._restore_stages[job.name] = progress.stage or stage
+            return JobView(JobKind.RESTORE, job.name, JobState.RUNNING, member, stage)
+        last = status.last_action
+        if last is not None and last.name == "restore" and last.request_id == job.name:
+            if last.ok:
+                return JobView(
+                    JobKind.RESTORE, job.name, JobState.SUCCEEDED, member, "replaying", timeline=last.timeline
+                )
+            return JobView(JobKind.RESTORE, job.name, JobState.FAILED, member, stage, last.error or "failed")
+        return JobView(
+            JobKind.RESTORE,
+            job.name,
+            JobState.FAILED,
+            member,
+            stage,
+            f"the agent of {member} has no record of restore {job.name} (was its volume lost?)",
+        )
+
+    def advance_restores(self, spec: PostgresClusterSpec) -> None:
+        """Restore.status.progress (bytes written of the snapshot's size) and the snapshot it resolved,
+        from the agent's actionProgress."""
+        for job in self.jobs.all():
+            member = job.meta.get("member")
+            if job.kind is not JobKind.RESTORE or job.rc is not None or not member:
+                continue
+            status = self._statuses.get(member)
+            progress = status.action_progress if status is not None else None
+            if progress is None or progress.request_id != job.name:
+                continue
+            fields: dict[str, Any] = {}
+            if progress.bytes_total is not None:
+                done = {"bytesDone": progress.bytes_done or 0, "bytesTotal": progress.bytes_total}
+                if self._restore_progress.get(job.name) != done:
+                    self._restore_progress[job.name] = done
+                    fields["progress"] = done
+            if progress.snapshot and progress.snapshot != job.meta.get("snapshot"):
+                job.set_meta(snapshot=progress.snapshot)
+                fields["snapshotId"] = progress.snapshot
+            if fields:
+                self.objects.update_status("Restore", job.name, **fields)
 
     def kept_aside_since(self, since: float) -> list[str]:
         """Data directories kept aside since `since` on every member's volume: by a restore (here) or
@@ -442,26 +512,6 @@ class AgentPlatform(LocalPlatform):
             if at >= since:
                 found.append(str(kept))
         return found
-
-    def advance_restores(self, spec: PostgresClusterSpec) -> None:
-        """A restore job done: the pod starts again on the restored data, whose targeted recovery ends
-        with the promotion it was told to make. The agent's memory of the old data (a fence, an
-        upstream) is cleared first: it describes a data directory that is gone."""
-        for job in self.jobs.all():
-            if job.kind is not JobKind.RESTORE or job.rc != 0 or job.meta.get("started"):
-                continue
-            name = job.meta.get("member")
-            if not name or name not in self.members:
-                continue
-            path = self._agent_state_file(name)
-            state = AgentState.load(path)
-            state.fenced, state.demoted, state.role_at_fence, state.upstream = False, False, None, None
-            state.save(path)
-            member = self.members[name]
-            member.wanted, member.seed, member.restart_at = True, [], None
-            member.save(self.paths)
-            job.set_meta(started=True)
-            self._start_pod(member, spec)
 
     def stop_all(self) -> None:
         for name in list(self.members):

@@ -138,6 +138,24 @@ class LocalJobs:
         """Start the job unless it already exists (starting twice is a no-op, as the engine expects)."""
         return self._launch(self.job(kind, name), command, env, **meta)
 
+    def record(self, kind: JobKind, name: str, **meta: Any) -> Job:
+        """A job carried out elsewhere (a restore, by its member's agent): its folder and what it is,
+        no process. Recording it twice keeps the first record."""
+        job = self.job(kind, name)
+        if not (job.folder / "job.json").exists():
+            job.folder.mkdir(parents=True, exist_ok=True)
+            job.set_meta(**meta)
+        return job
+
+    def fail(self, kind: JobKind, name: str, message: str, **meta: Any) -> Job:
+        """A job that failed before it could start (its message in stderr, exit code 1)."""
+        job = self.job(kind, name)
+        job.folder.mkdir(parents=True, exist_ok=True)
+        (job.folder / "stderr").write_text(message + "\n")
+        (job.folder / "rc").write_text("1\n")
+        job.set_meta(**meta)
+        return job
+
     def _launch(self, job: Job, command: Sequence[str], env: Mapping[str, str], **meta: Any) -> Job:
         if (job.folder / "job.json").exists():
             return job
