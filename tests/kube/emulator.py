@@ -35,6 +35,8 @@ over HTTP that merges dicts; :class:`KubeEmulator` subclasses it and serves what
   the dependents named by ``ownerReferences[].uid``, recursively, once no other owner remains),
   ``deletecollection``; deleting a namespace deletes its content first; deleting a CRD removes its
   resource and objects; pods can be made to wait for their kubelet (``graceful_pod_deletion``);
+  pod eviction (``kubectl drain``) deletes the pod unless a PodDisruptionBudget selecting it says
+  ``status.disruptionsAllowed: 0`` (429);
 * discovery (legacy ``/api``, ``/apis``, group and group-version documents) of the built-in
   resources (kmock's bundled list, from a K3s cluster) and of every CustomResourceDefinition stored,
   with the CRDs' short names, categories and subresources (scale as autoscaling/v1 Scale);
@@ -42,7 +44,9 @@ over HTTP that merges dicts; :class:`KubeEmulator` subclasses it and serves what
 * ``kubectl get`` tables (``as=Table``) with the CRDs' additionalPrinterColumns;
 * the CRD schema's defaults, and validators: callables that may refuse a create or an update
   with 422 and a message (:func:`pgherd_validator` checks pgherd objects with ``pgherd.api``);
-  immutable fields of StatefulSets, Jobs and PVCs are refused as the real server refuses them;
+  immutable fields of StatefulSets, Jobs, PVCs and immutable ConfigMaps/Secrets are refused as the
+  real server refuses them; a PVC grows only when its StorageClass has ``allowVolumeExpansion``
+  (else 403) and never shrinks; PVCs get the default StorageClass;
 * a request log (:attr:`KubeEmulator.calls`): every resource request as an :class:`ApiCall`
   with its RBAC verb, group, resource, subresource, namespace, name, the user its bearer token maps
   to (``tokens``) and the HTTP status; :func:`calls_not_allowed` checks them against RBAC rules, and
@@ -55,8 +59,8 @@ over HTTP that merges dicts; :class:`KubeEmulator` subclasses it and serves what
 
 What it does not do, compared with a real API server:
 
-* no controllers: no scheduler, kubelet, StatefulSet, Job, Deployment, Endpoints or ServiceAccount
-  token controllers; pods stay ``Pending`` and nothing creates pods. Only the garbage collector
+* no controllers: no scheduler, kubelet, StatefulSet, Job, Deployment, Endpoints, disruption or
+  ServiceAccount token controllers; pods stay ``Pending`` and nothing creates pods. Only the garbage collector
   (owner cascade) and the namespace deletion run, synchronously within the deleting request
   (Foreground does not wait for the dependents' finalizers; an object whose owners never existed
   is not collected);
@@ -97,7 +101,7 @@ import warnings
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import aiohttp.test_utils
@@ -107,7 +111,9 @@ import jsonpatch
 import jsonpointer
 import kmock
 import yaml
-from kmock._internal.rendering import StreamingError  # kmock 0.8 (pinned): a stream cut short
+from kmock._internal.rendering import Response, StreamingError  # kmock 0.8 (pinned)
+
+_T = TypeVar("_T")
 
 REPO = Path(__file__).resolve().parents[2]
 CRDS_DIR = REPO / "crds"
@@ -778,6 +784,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
     watch_cache_size: int = 10_000
     history_limit: int | None = 20
     record_requests: bool = True
+    record_calls: bool = True
 
     calls: list[ApiCall] = attrs.field(factory=list, init=False)
     _types: dict[tuple[str, str, str], ResourceType] = attrs.field(factory=dict, init=False)
@@ -831,7 +838,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
     def _unregister_crd(self, crd_name: str) -> None:
         for rt in [rt for rt in self._types.values() if rt.crd == crd_name]:
             for key in list(self._store.get(rt.key, {})):
-                self._remove(rt, key, "Background")
+                self._drop(rt, key, "Background")
             del self._types[rt.key]
             del self.resources[rt.ref]
             self._wake(rt)
@@ -1279,7 +1286,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self._put(rt, key, candidate, old)
         self._emit(rt, "MODIFIED", candidate, old)
         if self._releasable(rt, candidate):
-            self._remove(rt, key, "Background")
+            self._drop(rt, key, "Background")
         return candidate
 
     def _check_immutable(
@@ -1314,7 +1321,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
     def _check_resize(
         self, old_spec: Mapping[str, Any], new_spec: Mapping[str, Any]
     ) -> list[tuple[str, str]]:
-        def size(spec: Mapping[str, Any]) -> str | None:
+        def size(spec: Mapping[str, Any]) -> Any:
             return get_path(spec, ".resources.requests.storage")
 
         before, after = size(old_spec), size(new_spec)
@@ -1397,9 +1404,38 @@ class KubeEmulator(kmock.KubernetesEmulator):
             self._put(rt, key, marked, obj)
             self._emit(rt, "MODIFIED", marked, obj)
             if self._releasable(rt, marked):
-                return self._remove(rt, key, policy)
+                return self._drop(rt, key, policy)
             return marked
-        return self._remove(rt, key, policy)
+        return self._drop(rt, key, policy)
+
+    def evict(self, namespace: str | None, name: str, eviction: Any = None) -> dict[str, Any]:
+        """POST pods/NAME/eviction (``kubectl drain``): 429 when a PodDisruptionBudget selecting the
+        pod says ``status.disruptionsAllowed: 0``, else the pod is deleted (its grace period
+        applies). No disruption controller runs: a PDB without a status allows the eviction."""
+        pods = self._types[("", "v1", "pods")]
+        pod = self._get(pods, namespace, name)
+        labels = pod["metadata"].get("labels") or {}
+        for pdb in self.select(self._types[("policy", "v1", "poddisruptionbudgets")], namespace):
+            selector = selector_string(get_path(pdb, ".spec.selector")) or ""
+            requirements = parse_label_selector(selector)
+            selects = bool(requirements) and all(req.matches(labels) for req in requirements)
+            if selects and get_path(pdb, ".status.disruptionsAllowed") == 0:
+                raise ApiError(
+                    429,
+                    "TooManyRequests",
+                    "Cannot evict pod as it would violate the pod's disruption budget.",
+                    {
+                        "causes": [
+                            {
+                                "reason": "DisruptionBudget",
+                                "message": f"The disruption budget {pdb['metadata']['name']} needs more healthy pods",
+                            }
+                        ]
+                    },
+                )
+        options = (eviction or {}).get("deleteOptions") or {} if isinstance(eviction, Mapping) else {}
+        self.delete_object(pods, namespace, name, options)
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
 
     def _delete_namespace(
         self, rt: ResourceType, key: Key, obj: dict[str, Any], policy: str
@@ -1431,9 +1467,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
         for other in self._types.values():
             if other.namespaced and any(k[0] == namespace for k in self._store.get(other.key, {})):
                 return None
-        return self._remove(rt, (None, namespace), "Background")
+        return self._drop(rt, (None, namespace), "Background")
 
-    def _remove(self, rt: ResourceType, key: Key, policy: str) -> dict[str, Any]:
+    def _drop(self, rt: ResourceType, key: Key, policy: str) -> dict[str, Any]:
         """Remove an object for good: DELETED (with its last state), then its dependents."""
         obj = self._store[rt.key][key]
         final = copy.deepcopy(obj)
@@ -1560,7 +1596,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         """The objects of a resource (all namespaces when namespace is None)."""
         return self.select(self.resource_type(ref), namespace, label_selector, field_selector)
 
-    def patch(
+    def merge(
         self,
         ref: str,
         namespace: str | None,
@@ -1572,7 +1608,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         """Merge-patch an object (or its status with subresource="status")."""
         return self.patch_object(self.resource_type(ref), namespace, name, patch, subresource=subresource)
 
-    def delete(self, ref: str, namespace: str | None, name: str, **options: Any) -> dict[str, Any] | None:
+    def remove(self, ref: str, namespace: str | None, name: str, **options: Any) -> dict[str, Any] | None:
         """Delete an object (options as DeleteOptions' fields); None when it did not exist."""
         try:
             return self.delete_object(self.resource_type(ref), namespace, name, options)
@@ -1661,7 +1697,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
             target.name,
             user,
         )
-        self.calls.append(call)
+        if self.record_calls:
+            self.calls.append(call)
         rules = self.rbac.get(user or "") if self.rbac is not None else None
         if failure is None and rules is not None and not any(rule_allows(rule, call) for rule in rules):
             where = f'in the namespace "{target.namespace}"' if target.namespace else "at the cluster scope"
@@ -1684,13 +1721,13 @@ class KubeEmulator(kmock.KubernetesEmulator):
         call.code = response.status
         return response
 
-    def _serve_resource(self, request: kmock.Request) -> kmock.Response:
+    def _serve_resource(self, request: kmock.Request) -> Response:
         target, verb, user = self._contexts[id(request)]
         try:
             status, payload = self._dispatch(request, target, verb, user)
         except ApiError as exc:
             status, payload = exc.code, exc.status()
-        return kmock.Response(status=status, payload=payload, headers=JSON_HEADERS)
+        return Response(status=status, payload=payload, headers=JSON_HEADERS)
 
     def _dispatch(
         self, request: kmock.Request, target: ApiTarget, verb: str, user: str | None
@@ -1699,7 +1736,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if rt is None or (target.namespace is not None and not rt.namespaced):
             raise _not_found_url()
         namespace, name, sub = target.namespace, target.name, target.subresource
-        if rt.namespaced and namespace is None and verb not in ("list", "watch"):
+        if rt.namespaced and namespace is None and verb not in ("list", "watch", "deletecollection"):
             raise _not_found_url()
         if sub is not None and sub not in rt.subresources:
             raise _not_found_url()
@@ -1740,6 +1777,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
             }
         if verb == "watch":
             return 200, self._watch(request, rt, namespace, name)
+        if verb == "create" and sub == "eviction" and rt.key == ("", "v1", "pods"):
+            assert name is not None
+            return 201, self.evict(namespace, name, request.data)
         if verb == "create":
             if sub is not None or name is not None:
                 raise ApiError(
@@ -1748,12 +1788,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return 201, self.create_object(rt, namespace, request.data, user=user)
         if verb == "deletecollection":
             options = self._delete_options(request)
+            chosen = self.select(rt, namespace, params.get("labelSelector"), params.get("fieldSelector"))
             gone = [
-                self.delete_object(rt, namespace, item["metadata"]["name"], options)
-                for item in self.select(
-                    rt, namespace, params.get("labelSelector"), params.get("fieldSelector")
-                )
-                if self._key(rt, namespace, item["metadata"]["name"]) in self._store[rt.key]
+                self.delete_object(rt, meta.get("namespace"), meta["name"], options)
+                for meta in (item["metadata"] for item in chosen)
+                if self._key(rt, meta.get("namespace"), meta["name"]) in self._store[rt.key]
             ]
             listing = {"resourceVersion": self.resource_version}
             return 200, {
@@ -2002,7 +2041,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         group = request.url.path.strip("/").split("/")[1]
         versions = self._groups().get(group)
         if not versions or not group:
-            return kmock.Response(status=404, payload=_not_found_url().status(), headers=JSON_HEADERS)
+            return Response(status=404, payload=_not_found_url().status(), headers=JSON_HEADERS)
         return {"kind": "APIGroup", "apiVersion": "v1", **self._group_doc(group, versions)}
 
     async def _serve_version(self, request: kmock.Request) -> Any:
@@ -2010,7 +2049,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         group, version = ("", parts[1]) if parts[0] == "api" else (parts[1], parts[2])
         types = [rt for rt in self._types.values() if rt.group == group and rt.version == version]
         if not types:
-            return kmock.Response(status=404, payload=_not_found_url().status(), headers=JSON_HEADERS)
+            return Response(status=404, payload=_not_found_url().status(), headers=JSON_HEADERS)
         resources: list[dict[str, Any]] = []
         for rt in types:
             entry: dict[str, Any] = {
@@ -2081,7 +2120,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 }
             }
         if not paths:
-            return kmock.Response(status=404, payload=_not_found_url().status(), headers=JSON_HEADERS)
+            return Response(status=404, payload=_not_found_url().status(), headers=JSON_HEADERS)
         return {
             "openapi": "3.0.0",
             "info": {"title": "Kubernetes (emulated)", "version": "v1.33.0"},
@@ -2161,6 +2200,8 @@ class LoopbackServer(kmock.Server):
     async def __aenter__(self) -> LoopbackServer:
         if self._managed_server is not None:
             raise RuntimeError("The server can be started only once.")
+        if isinstance(self.handler, KubeEmulator):
+            self.handler._stopping = False  # an emulator may be served again after a stop
         self._managed_server = aiohttp.test_utils.RawTestServer(
             self.handler, host=self._host, port=self._port
         )
@@ -2195,7 +2236,7 @@ class EmulatedApiServer:
         server.stop()
 
     Keyword arguments go to :class:`KubeEmulator`. The helpers (``create``, ``read``, ``items``,
-    ``patch``, ``delete``, ``call``) run on the server's loop and wait for the result.
+    ``merge``, ``remove``, ``call``) run on the server's loop and wait for the result.
     """
 
     def __init__(
@@ -2264,32 +2305,32 @@ class EmulatedApiServer:
             self._ready.set()
             await self._stop.wait()
 
-    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def call(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
         """Run ``fn(*args, **kwargs)`` on the server's event loop and return its result."""
         if self._loop is None:
             raise RuntimeError("the server is not started")
 
-        async def run() -> Any:
+        async def run() -> _T:
             return fn(*args, **kwargs)
 
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout=30)
 
     def create(self, body: Mapping[str, Any], *, namespace: str | None = None) -> dict[str, Any]:
-        return copy.deepcopy(self.call(self.emulator.create, body, namespace=namespace))  # type: ignore[no-any-return]
+        return copy.deepcopy(self.call(self.emulator.create, body, namespace=namespace))
 
     def read(self, ref: str, namespace: str | None, name: str) -> dict[str, Any] | None:
-        return copy.deepcopy(self.call(self.emulator.read, ref, namespace, name))  # type: ignore[no-any-return]
+        return copy.deepcopy(self.call(self.emulator.read, ref, namespace, name))
 
     def items(self, ref: str, namespace: str | None = None, **selectors: Any) -> list[dict[str, Any]]:
-        return copy.deepcopy(self.call(self.emulator.items, ref, namespace, **selectors))  # type: ignore[no-any-return]
+        return copy.deepcopy(self.call(self.emulator.items, ref, namespace, **selectors))
 
-    def patch(
+    def merge(
         self, ref: str, namespace: str | None, name: str, patch: Mapping[str, Any], **kwargs: Any
     ) -> dict[str, Any]:
-        return copy.deepcopy(self.call(self.emulator.patch, ref, namespace, name, patch, **kwargs))  # type: ignore[no-any-return]
+        return copy.deepcopy(self.call(self.emulator.merge, ref, namespace, name, patch, **kwargs))
 
-    def delete(self, ref: str, namespace: str | None, name: str, **options: Any) -> dict[str, Any] | None:
-        return copy.deepcopy(self.call(self.emulator.delete, ref, namespace, name, **options))  # type: ignore[no-any-return]
+    def remove(self, ref: str, namespace: str | None, name: str, **options: Any) -> dict[str, Any] | None:
+        return copy.deepcopy(self.call(self.emulator.remove, ref, namespace, name, **options))
 
     @property
     def calls(self) -> list[ApiCall]:

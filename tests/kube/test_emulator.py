@@ -536,6 +536,10 @@ def test_delete_preconditions_and_collections(kube_server: EmulatedApiServer) ->
     status, body = http(kube_server, "DELETE", cm_path() + "?labelSelector=tier%3Dx")
     assert status == 200 and sorted(i["metadata"]["name"] for i in body["items"]) == ["a", "b"]
     assert [cm["metadata"]["name"] for cm in kube_server.items("configmaps")] == ["c"]
+    http(kube_server, "POST", "/api/v1/namespaces", {"metadata": {"name": "two"}})
+    http(kube_server, "POST", cm_path(namespace="two"), configmap("d", {"tier": "y"}))
+    status, body = http(kube_server, "DELETE", "/api/v1/configmaps?labelSelector=tier%3Dy")
+    assert status == 200 and len(body["items"]) == 2 and kube_server.items("configmaps") == []
 
 
 def test_deleting_a_namespace_deletes_its_content(kube_server: EmulatedApiServer) -> None:
@@ -564,6 +568,56 @@ def test_pods_on_a_node_wait_for_their_kubelet(kube_server: EmulatedApiServer) -
     assert http(kube_server, "GET", pods + "/p")[0] == 200
     http(kube_server, "DELETE", pods + "/p", {"gracePeriodSeconds": 0})
     assert http(kube_server, "GET", pods + "/p")[0] == 404
+
+
+def test_eviction_respects_a_disruption_budget(kube_server: EmulatedApiServer) -> None:
+    pods = "/api/v1/namespaces/default/pods"
+    for name in ("a-0", "a-1"):
+        http(kube_server, "POST", pods, {"metadata": {"name": name, "labels": {"app": "a"}}, "spec": {}})
+    pdb = {"metadata": {"name": "a"}, "spec": {"selector": {"matchLabels": {"app": "a"}}, "minAvailable": 2}}
+    http(kube_server, "POST", "/apis/policy/v1/namespaces/default/poddisruptionbudgets", pdb)
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "a-0"}}
+    assert http(kube_server, "POST", pods + "/a-0/eviction", eviction)[0] == 201  # no status: allowed
+    http(
+        kube_server,
+        "PATCH",
+        "/apis/policy/v1/namespaces/default/poddisruptionbudgets/a/status",
+        {"status": {"disruptionsAllowed": 0}},
+        MERGE,
+    )
+    status, body = http(kube_server, "POST", pods + "/a-1/eviction", dict(eviction, metadata={"name": "a-1"}))
+    assert (status, body["reason"]) == (429, "TooManyRequests")
+    assert [p["metadata"]["name"] for p in kube_server.items("pods")] == ["a-1"]
+
+
+def test_volumes_grow_only_where_the_storage_class_allows(kube_server: EmulatedApiServer) -> None:
+    classes = "/apis/storage.k8s.io/v1/storageclasses"
+    default = {"storageclass.kubernetes.io/is-default-class": "true"}
+    http(
+        kube_server,
+        "POST",
+        classes,
+        {"metadata": {"name": "fixed", "annotations": default}, "provisioner": "x"},
+    )
+    http(
+        kube_server,
+        "POST",
+        classes,
+        {"metadata": {"name": "elastic"}, "provisioner": "x", "allowVolumeExpansion": True},
+    )
+    claims = "/api/v1/namespaces/default/persistentvolumeclaims"
+    for name, storage_class in (("a", None), ("b", "elastic")):
+        spec: dict[str, Any] = {"resources": {"requests": {"storage": "1Gi"}}}
+        if storage_class:
+            spec["storageClassName"] = storage_class
+        _, claim = http(kube_server, "POST", claims, {"metadata": {"name": name}, "spec": spec})
+        assert claim["spec"]["storageClassName"] == (storage_class or "fixed")
+    grow = {"spec": {"resources": {"requests": {"storage": "2Gi"}}}}
+    assert http(kube_server, "PATCH", claims + "/a", grow, MERGE)[0] == 403
+    assert http(kube_server, "PATCH", claims + "/b", grow, MERGE)[0] == 200
+    shrink = {"spec": {"resources": {"requests": {"storage": "500Mi"}}}}
+    assert http(kube_server, "PATCH", claims + "/b", shrink, MERGE)[0] == 422
+    assert http(kube_server, "PATCH", claims + "/b", {"spec": {"volumeName": "pv"}}, MERGE)[0] == 422
 
 
 # --------------------------------------------------------------------------------------------------
@@ -771,7 +825,7 @@ def test_kubectl_apply_get_scale_and_delete(
     name = yaml.safe_load(example.read_text())["metadata"]["name"]
     assert "created" in kubectl("apply", "-f", str(example)).stdout
     assert "unchanged" in kubectl("apply", "-f", str(example)).stdout
-    kube_server.patch(
+    kube_server.merge(
         PLURAL, "default", name, {"status": {"phase": "Running", "instances": 3}}, subresource="status"
     )
     table = kubectl("get", "pgc").stdout.splitlines()
