@@ -130,7 +130,7 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
 
     cluster_labels = {names.LABEL_CLUSTER: kopf.PRESENT}
 
-    @kopf.index("pods", labels=cluster_labels, registry=registry)
+    @kopf.index("pods", labels=cluster_labels, id="pgherd_pods", registry=registry)
     def pgherd_pods(**kwargs: Any) -> Any:
         key = _key(kwargs["namespace"], kwargs["labels"].get(names.LABEL_CLUSTER))
         if key is None:
@@ -138,12 +138,12 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
         operator.wakeups.wake(*key)
         return {key: _plain(kwargs["body"])}
 
-    @kopf.index("persistentvolumeclaims", labels=cluster_labels, registry=registry)
+    @kopf.index("persistentvolumeclaims", labels=cluster_labels, id="pgherd_pvcs", registry=registry)
     def pgherd_pvcs(**kwargs: Any) -> Any:
         key = _key(kwargs["namespace"], kwargs["labels"].get(names.LABEL_CLUSTER))
         return None if key is None else {key: _plain(kwargs["body"])}
 
-    @kopf.index("batch", "v1", "jobs", labels=cluster_labels, registry=registry)
+    @kopf.index("batch", "v1", "jobs", labels=cluster_labels, id="pgherd_jobs", registry=registry)
     def pgherd_jobs(**kwargs: Any) -> Any:
         key = _key(kwargs["namespace"], kwargs["labels"].get(names.LABEL_CLUSTER))
         if key is None:
@@ -151,12 +151,14 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
         operator.wakeups.wake(*key)
         return {key: _plain(kwargs["body"])}
 
-    @kopf.index("apps", "v1", "statefulsets", labels=cluster_labels, registry=registry)
+    @kopf.index(
+        "apps", "v1", "statefulsets", labels=cluster_labels, id="pgherd_statefulsets", registry=registry
+    )
     def pgherd_statefulsets(**kwargs: Any) -> Any:
         key = _key(kwargs["namespace"], kwargs["labels"].get(names.LABEL_CLUSTER))
         return None if key is None else {key: _plain(kwargs["body"])}
 
-    @kopf.index(names.GROUP, names.VERSION, names.PLURAL_BACKUPS, registry=registry)
+    @kopf.index(names.GROUP, names.VERSION, names.PLURAL_BACKUPS, id="pgherd_backups", registry=registry)
     def pgherd_backups(**kwargs: Any) -> Any:
         key = _key(kwargs["namespace"], (kwargs["spec"].get("cluster") or {}).get("name"))
         if key is None:
@@ -164,7 +166,7 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
         operator.wakeups.wake(*key)
         return {key: _plain(kwargs["body"])}
 
-    @kopf.index(names.GROUP, names.VERSION, names.PLURAL_RESTORES, registry=registry)
+    @kopf.index(names.GROUP, names.VERSION, names.PLURAL_RESTORES, id="pgherd_restores", registry=registry)
     def pgherd_restores(**kwargs: Any) -> Any:
         key = _key(kwargs["namespace"], (kwargs["spec"].get("cluster") or {}).get("name"))
         if key is None:
@@ -172,11 +174,13 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
         operator.wakeups.wake(*key)
         return {key: _plain(kwargs["body"])}
 
-    @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL_CLUSTERS, registry=registry)
+    @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL_CLUSTERS, id="wake", registry=registry)
     def wake_cluster(**kwargs: Any) -> None:
         operator.wakeups.wake(kwargs["namespace"], kwargs["name"])
 
-    @kopf.on.delete(names.GROUP, names.VERSION, names.PLURAL_CLUSTERS, registry=registry, optional=True)
+    @kopf.on.delete(
+        names.GROUP, names.VERSION, names.PLURAL_CLUSTERS, id="deleted", registry=registry, optional=True
+    )
     def deleted(**kwargs: Any) -> None:
         log.info("%s/%s deleted: its volumes (PVCs) are kept", kwargs["namespace"], kwargs["name"])
 
@@ -185,8 +189,10 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
         names.VERSION,
         names.PLURAL_CLUSTERS,
         registry=registry,
+        id="cluster",
         cancellation_timeout=CANCELLATION_TIMEOUT,
         initial_delay=0,
+        backoff=1.0,
     )
     async def cluster_daemon(**kwargs: Any) -> None:
         namespace: str = kwargs["namespace"]

@@ -173,7 +173,7 @@ class ClusterLoop:
             self.status_doc = {**(self.status_doc or {}), **document}
         self.engine = decision.status
         self._log_phase(decision)
-        await self._clear_switchover(body, decision, switchover_to)
+        await self._clear_switchover(body, decision, switchover_to, {m.name for m in view.existing()})
         context = ActContext(
             api=self.api,
             objects=objects,
@@ -217,7 +217,9 @@ class ClusterLoop:
                 best = (key, name)
         return None if best is None else best[1]
 
-    async def _clear_switchover(self, body: JSON, decision: Decision, target: str | None) -> None:
+    async def _clear_switchover(
+        self, body: JSON, decision: Decision, target: str | None, members: set[str]
+    ) -> None:
         request = (body["metadata"].get("annotations") or {}).get(names.ANNOTATION_SWITCHOVER)
         if not request or not self.holding():
             return
@@ -230,14 +232,17 @@ class ClusterLoop:
         refused = (
             aborted is not None and aborted.kind is OperationKind.SWITCHOVER and aborted.target == target
         )
-        if not (done or refused or target is None):
+        unknown = target is not None and target not in members
+        if not (done or refused or unknown or target is None):
             return
         if done:
             message, warning = f"switched over to {target}", False
         elif refused:
             message, warning = f"switchover to {target} refused: {aborted.failed if aborted else ''}", True
+        elif unknown:
+            message, warning = f"switchover to {target} refused: no member of that name", True
         else:
-            message, warning = f"switchover to {request!r} refused: no such member or no candidate", True
+            message, warning = "switchover to any member refused: no streaming replica to promote", True
         await self.api.patch(
             "PostgresCluster",
             self.namespace,
