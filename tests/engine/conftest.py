@@ -4,6 +4,7 @@
   reproducible): 2000 random failure sequences of up to 80 steps, about two minutes on 2 cores.
 - search: the same sizes from a chosen seed, to look further than CI does:
   ``HYPOTHESIS_PROFILE=search .venv/bin/pytest tests/engine/test_properties.py --hypothesis-seed=7``
+- ci-hunt: CI's search stopping at its first failure, unshrunk (quick to check a model change).
 - hunt: the search without shrinking (bench/engine_mutants.py: does the search find each reverted
   safety fix, and how fast).
 - long: ``HYPOTHESIS_PROFILE=long .venv/bin/pytest tests/engine`` -- 5000 sequences of up to 150 steps.
@@ -36,6 +37,15 @@ settings.register_profile(  # the search, stopping at the first failure: no shri
     suppress_health_check=_QUIET,
     phases=[Phase.explicit, Phase.generate],
     database=None,
+)
+settings.register_profile(  # CI's fixed search stopping at its first failure, unshrunk (quick to check)
+    "ci-hunt",
+    max_examples=2000,
+    stateful_step_count=80,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=_QUIET,
+    phases=[Phase.explicit, Phase.generate],
 )
 settings.register_profile(
     "long", max_examples=5000, stateful_step_count=150, deadline=None, suppress_health_check=_QUIET

@@ -1,6 +1,9 @@
 """A simulated PostgreSQL cluster that the engine drives, for property-based tests.
 
-Each node's WAL is a list of commit ids (its LSN is the list's length), so "has this commit" is exact.
+Each node's WAL is a list of commit ids (its LSN is the list's length), so "has this commit" is exact;
+a promotion writes its end-of-recovery record (``-timeline``) on the new timeline. A replica reports
+the timeline of the newest WAL it holds (as the adapters do: the receiver's, else its WAL segments'),
+not the one it was told to follow.
 Commits are acknowledged as PostgreSQL would with the synchronous_standby_names in force on the
 primary at commit time: by the primary plus any k of the listed standbys that received them. Clients
 write to every running primary they reach, fenced or not: "writable" is what PostgreSQL does, not what
@@ -12,7 +15,10 @@ The model is no kinder than a real platform:
 - a crashed member is restarted by the platform read-only (a standby with no upstream), never as a
   primary; only Promote or RestartMember(primary=True) make a primary;
 - after a restart a replica under-reports its received LSN and its provable WAL end is unknown until it
-  has replayed its own WAL (``settle``);
+  has replayed its own WAL (``settle``); even then its WAL receiver reports the segment where streaming
+  restarts (below the WAL it holds) until it streams again;
+- a stop can time out and be killed (``stop_hangs``): no WAL handed to the standbys, an unclean
+  shutdown whose final WAL end the platform cannot read exactly;
 - a replica's "streaming" sample can be wrong for one observation (``flap``);
 - the operator can be cut off from any or all members while they still see each other (``partitioned``);
 - a volume can be lost (``wipe``): the only evidence that allows an automatic restore;
@@ -49,7 +55,7 @@ class Node:
     ordinal: int
     revision: str
     role: Role = Role.REPLICA
-    timeline: int = 1
+    timeline: int = 1  # a primary's; the timeline a replica follows
     wal: list[int] = field(default_factory=list)
     upstream: str | None = None
     running: bool = True
@@ -61,6 +67,8 @@ class Node:
     restarting_to: str | None = None  # down for a RestartMember until complete_restarts()
     restart_as_primary: bool = False
     unsettled: bool = False  # restarted: received LSN under-reported, WAL end unknown
+    receive_start: int | None = None  # restarted receiver: reports this segment start until it streams
+    stop_hangs: bool = False  # its next shutdown times out and the platform kills it
     flapped: bool = False  # the next observation reports its streaming state wrongly
     data_lost: bool = False
     terminating: bool = False  # its pod is being deleted: stopped (cleanly) by end_terminations
@@ -86,6 +94,7 @@ class ModelCluster:
         self.next_commit = 1
         self.next_timeline = 2
         self.acked: set[int] = set()
+        self.commit_timeline: dict[int, int] = {}  # the timeline each commit was written on
         self.rw: str | None = None
         self.backups: dict[str, BackupView] = {}
         self.backup_wal: dict[str, list[int]] = {}
@@ -98,6 +107,10 @@ class ModelCluster:
         self.promotions: list[str] = []
         self.deleted_kept_aside: list[str] = []
         self.dropped_volumes: set[str] = set()
+        self.switchover_to: str | None = None  # a person's switchover request (the annotation)
+        # The truth at the last observation, per member: the member it really streamed from (None if
+        # not streaming), whether its streaming sample was wrong, whether it really accepted writes.
+        self.truth: dict[str, tuple[str | None, bool, bool]] = {}
 
     # ---- observation -------------------------------------------------------------------------
     def reachable(self, node: Node) -> bool:
@@ -120,16 +133,22 @@ class ModelCluster:
 
     def observe(self) -> ClusterView:
         members = []
+        self.truth = {}
         for node in sorted(self.nodes.values(), key=lambda n: n.ordinal):
             if self.streaming(node):  # a streaming standby follows its upstream's timeline switches
                 node.timeline = self.nodes[str(node.upstream)].timeline
                 node.unsettled = False
+                node.receive_start = None
             seen = self.reachable(node)
             stopped = not node.running and not node.isolated  # the platform sees the process gone
             clean = node.shutdown_clean if stopped else None
+            replayed: int | None = None
             if seen:
-                # After a restart the receiver starts again at a segment boundary: under-reported.
-                received: int | None = len(node.wal) // 2 if node.unsettled else len(node.wal)
+                # After a restart the receiver starts again at a segment boundary: under-reported,
+                # also once the member has replayed (and so provably holds) its own WAL.
+                start = node.receive_start if node.role is Role.REPLICA else None
+                received: int | None = len(node.wal) if start is None else start
+                replayed = received if node.unsettled else len(node.wal)
                 held = None if node.unsettled else len(node.wal)
             elif stopped and not node.data_lost:
                 # After a clean stop the final WAL end; after a crash what a platform may read there
@@ -138,7 +157,9 @@ class ModelCluster:
                 held = len(node.wal)  # the platform reads the WAL on the stopped member's volume
             else:
                 received = held = None
-            streaming = seen and self.streaming(node)
+            truly = self.streaming(node)
+            streaming = seen and truly
+            self.truth[node.name] = (node.upstream if truly else None, node.flapped, node.writable)
             if node.flapped:
                 streaming = seen and node.role is Role.REPLICA and not streaming
                 node.flapped = False
@@ -149,9 +170,9 @@ class ModelCluster:
                     exists=True,
                     reachable=seen,
                     role=node.role if seen else Role.UNKNOWN,
-                    timeline=node.timeline if seen else None,
+                    timeline=self.wal_timeline(node) if seen else None,
                     received_lsn=received,
-                    replayed_lsn=received if seen else None,
+                    replayed_lsn=replayed,
                     held_lsn=held,
                     wal_receiver_streaming=streaming,
                     upstream=node.upstream if seen and node.role is Role.REPLICA else None,
@@ -179,7 +200,15 @@ class ModelCluster:
             restores=tuple(self.restores[k] for k in sorted(self.restores)),
             jobs=tuple(self.jobs[k] for k in sorted(self.jobs)),
             rw_member=self.rw,
+            switchover_to=self.switchover_to,
         )
+
+    def wal_timeline(self, node: Node) -> int:
+        """The timeline a member reports: a primary's own; a replica's newest WAL record's."""
+        if node.role is Role.PRIMARY or not node.wal:
+            return node.timeline
+        last = node.wal[-1]
+        return -last if last < 0 else self.commit_timeline.get(last, node.timeline)
 
     def data_gone(self, name: str) -> bool:
         """The truth about a member's data: its volume lost, or dropped by a deletion."""
@@ -199,6 +228,7 @@ class ModelCluster:
         primary = primaries[which % len(primaries)]
         commit = self.next_commit
         self.next_commit += 1
+        self.commit_timeline[commit] = primary.timeline
         before = len(primary.wal)
         primary.wal.append(commit)
         got = {primary.name}
@@ -280,8 +310,12 @@ class ModelCluster:
                 self._boot(node, as_primary=node.restart_as_primary)
 
     def _stop(self, node: Node) -> None:
-        """A clean shutdown where the platform reaches it: connected standbys receive all the WAL."""
-        if node.running and not node.isolated:
+        """A clean shutdown where the platform reaches it: connected standbys receive all the WAL. One
+        that hangs (``stop_hangs``) is killed when the fast shutdown times out: nothing handed over."""
+        if node.running and not node.isolated and node.stop_hangs:
+            node.stop_hangs = False
+            self.crash(node)
+        elif node.running and not node.isolated:
             if node.role is Role.PRIMARY:
                 for other in self.nodes.values():
                     if other.upstream == node.name and self.streaming_from(other, node, len(other.wal)):
@@ -298,6 +332,7 @@ class ModelCluster:
             node.upstream = None
         node.running = True
         node.unsettled = node.role is Role.REPLICA
+        node.receive_start = len(node.wal) // 2 if node.unsettled else None
 
     def crash(self, node: Node) -> None:
         if node.running:
@@ -383,9 +418,11 @@ class ModelCluster:
         node.fenced = False
         node.fence_pending = False
         node.unsettled = False
+        node.receive_start = None
         node.role = Role.PRIMARY
         node.timeline = self.next_timeline
         self.next_timeline += 1
+        node.wal.append(-node.timeline)  # the end-of-recovery record, on the new timeline
         node.upstream = None
         self.promotions.append(node.name)
 
@@ -425,6 +462,7 @@ class ModelCluster:
         node.sync = ASYNC
         node.running = True
         node.unsettled = False
+        node.receive_start = None
 
     def _do_DropReplicationSlot(self, a: A.DropReplicationSlot) -> None:
         self.dropped_slots.append(a.slot)
@@ -467,10 +505,12 @@ class ModelCluster:
             node.kept_aside += 1
         node.data_lost = False
         node.fence_pending = False
-        node.wal = wal
+        node.unsettled = False
+        node.receive_start = None
         node.role = Role.PRIMARY
         node.timeline = self.next_timeline
         self.next_timeline += 1
+        node.wal = [*wal, -node.timeline]
         node.fenced = False
         node.running = True
         node.upstream = None

@@ -24,7 +24,7 @@ from pgherd.engine.rollout import PRIMARY_RESTART_TIMEOUT
 from pgherd.engine.status import OperationKind
 from pgherd.engine.view import ClusterView, Role
 
-from .model import ModelCluster, expected_names
+from .model import ModelCluster, Node, expected_names
 
 NODES = st.integers(min_value=0, max_value=4)
 
@@ -57,6 +57,11 @@ class ClusterMachine(RuleBasedStateMachine):
         self.last: Decision | None = None
         self.last_view: ClusterView | None = None
         self.pending: list[tuple[PostgresClusterSpec, ClusterView, EngineStatus, Decision, A.Action]] = []
+        # The truth at the observations the last two decisions were taken on (distinct observations):
+        # (observation number, {member: (streams from, sample was wrong, writable)}).
+        self.observations = 0
+        self.last_truth: tuple[int, dict[str, tuple[str | None, bool, bool]]] = (0, {})
+        self.decided: list[tuple[int, dict[str, tuple[str | None, bool, bool]]]] = []
         # An aborted operation's old primary, owed a writable primary within a few full fresh passes.
         self.owed: tuple[str, int] | None = None
         for step in range(40):  # bring the cluster up, faults come later
@@ -100,8 +105,14 @@ class ClusterMachine(RuleBasedStateMachine):
     ) -> None:
         self.pending = []  # a new pass: whatever a crashed pass had not applied is gone
         fresh = self.model.observe()
-        view = self.last_view if stale and self.last_view is not None else fresh
-        self.last_view = fresh
+        self.observations += 1
+        fresh_truth = (self.observations, self.model.truth)
+        use_stale = stale and self.last_view is not None
+        view = self.last_view if use_stale and self.last_view is not None else fresh
+        truth = self.last_truth if use_stale else fresh_truth
+        self.last_view, self.last_truth = fresh, fresh_truth
+        if not self.decided or self.decided[-1][0] != truth[0]:
+            self.decided = [*self.decided[-1:], truth]
         before = self.status
         decision = decide(self.spec, view, before)
         assert decide(self.spec, view, before) == decision, "decide() is not deterministic"
@@ -109,6 +120,7 @@ class ClusterMachine(RuleBasedStateMachine):
         self._check_decision(view, before, decision)
         self.status = decision.status  # written before any action is applied
         self.last = decision
+        self._clear_switchover_request(view, decision)
         count = len(decision.actions) if apply_all else min(applied, len(decision.actions))
         chosen = [(self.spec, view, before, decision, action) for action in decision.actions[:count]]
         if late and not apply_all:
@@ -142,6 +154,66 @@ class ClusterMachine(RuleBasedStateMachine):
         assert len(promotes) <= 1
         restarts = [a for a in decision.actions if isinstance(a, A.RestartMember)]
         assert len(restarts) <= 1, "a rollout restarts one member at a time"
+
+        started = decision.status.operation
+        if (
+            started is not None
+            and started.kind is OperationKind.FAILOVER
+            and started.source is not None
+            and (
+                before.operation is None
+                or before.operation.kind is not OperationKind.FAILOVER
+                or (before.operation.source, before.operation.started_at)
+                != (started.source, started.started_at)
+            )
+        ):
+            self._check_failure_confirmed(started.source, before)
+
+    def _check_failure_confirmed(self, old: str, before: EngineStatus) -> None:
+        """A failover starts only on a failure a majority of the voters really saw: each of them lost
+        its WAL stream from ``old`` (or is ``old`` itself, no longer writable) at the observation the
+        decision was taken on or at the one before; a member whose two samples were both wrong is
+        excused (it reported a loss twice in a row: no rule could tell). One wrong sample is no vote.
+        And an aborted operation's old primary, owed a resumption, is never failed over instead."""
+        if self.owed is not None and self.owed[0] == old:
+            raise AssertionError(f"the aborted operation's primary {old} was failed over, not resumed")
+        if len(self.decided) < 2:
+            return
+        (_, previous), (_, current) = self.decided
+
+        def lost(name: str, truth: dict[str, tuple[str | None, bool, bool]]) -> bool:
+            if name not in truth:
+                return True
+            streams_from, _, writable = truth[name]
+            return not writable if name == old else streams_from != old
+
+        def wrong(name: str, truth: dict[str, tuple[str | None, bool, bool]]) -> bool:
+            return name in truth and truth[name][1]
+
+        voters = sorted(before.voters)
+        saw = [
+            n
+            for n in voters
+            if lost(n, current) or lost(n, previous) or (wrong(n, current) and wrong(n, previous))
+        ]
+        needed = 1 if len(voters) == 2 and not self.quorum else majority(len(voters))
+        assert len(saw) >= needed, (
+            f"failover from {old} confirmed by samples: only {saw} of the voters {voters} lost it"
+        )
+
+    def _clear_switchover_request(self, view: ClusterView, decision: Decision) -> None:
+        """The adapter removes a switchover request once it is done or refused (kube/loop.py)."""
+        target = view.switchover_to
+        if target is None or self.model.switchover_to != target:
+            return
+        status = decision.status
+        done = status.current_primary == target and status.operation is None
+        aborted = status.aborted
+        refused = (
+            aborted is not None and aborted.kind is OperationKind.SWITCHOVER and aborted.target == target
+        )
+        if done or refused:
+            self.model.switchover_to = None
 
     def _planned_restart(self, before: EngineStatus) -> bool:
         operation = before.operation
@@ -230,12 +302,21 @@ class ClusterMachine(RuleBasedStateMachine):
             # caught up and promote.
             operation = decision.status.operation or before.operation
             reachable_names = {m.name for m in reachable}
+            source = model.nodes.get(str(operation.source)) if operation is not None else None
             drained = (  # a switchover's cleanly stopped primary, whose final WAL the target holds
                 operation is not None
                 and operation.final_lsn is not None
                 and operation.source not in reachable_names
                 and me is not None
-                and (me.most_wal or 0) >= operation.final_lsn
+                and (
+                    (me.most_wal or 0) >= operation.final_lsn
+                    # as its view showed when it was chosen: a restarted target under-reports it now
+                    or (
+                        source is not None
+                        and not source.running
+                        and node.wal[: len(source.wal)] == source.wal
+                    )
+                )
             )
             gone = old is None or not old.exists or old.stopped
             two_async = len(voters) == 2 and not self.quorum and gone  # the operator breaks the tie
@@ -264,6 +345,10 @@ class ClusterMachine(RuleBasedStateMachine):
                 assert not missing, (
                     f"promoting {action.member} would lose acknowledged commits {sorted(missing)}"
                 )
+            if operation is not None and operation.step.startswith("switchover"):
+                # A switchover loses nothing, in any mode: the target holds all of the old primary's WAL.
+                lacks = [c for c in source.wal if c not in set(node.wal)] if source is not None else []
+                assert not lacks, f"switchover promotes {action.member} without {operation.source}'s {lacks}"
         if isinstance(action, A.RestartMember):
             node = model.nodes.get(action.member)
             down = [
@@ -456,6 +541,181 @@ class ClusterMachine(RuleBasedStateMachine):
     @rule()
     def request_restore(self) -> None:
         self.model.request_restore()
+
+    # ---- scenarios: the event chains behind each finding of issue #10, with random parameters ----
+    def _primary(self) -> Node | None:
+        """The recorded primary when it really accepts writes and no operation runs."""
+        node = self.model.nodes.get(self.status.current_primary or "")
+        if node is None or not node.writable or node.isolated or self.status.operation is not None:
+            return None
+        return node
+
+    def _passes(self, count: int, seconds: float) -> None:
+        for _ in range(count):
+            self.model.tick(seconds)
+            self._operator_step(apply_all=True)
+
+    @rule(
+        drop=st.integers(min_value=2, max_value=3),
+        count=st.integers(min_value=1, max_value=3),
+        rounds=st.integers(min_value=3, max_value=10),
+        fault=st.sampled_from(["crash", "isolate", "none"]),
+    )
+    def commits_on_leavers_then_scale_down(self, drop: int, count: int, rounds: int, fault: str) -> None:
+        """Item 1: commits acknowledged only by the members a scale-down then removes, the others
+        lagging; the voters shrink by several members, then the primary fails."""
+        primary = self._primary()
+        instances = self.spec.instances
+        if primary is None or instances < 4:
+            return
+        smaller = max(instances - drop, 3 if self.quorum else 1)
+        leaving = {n for n, node in self.model.nodes.items() if node.ordinal >= smaller}
+        for _ in range(count):
+            self.model.commit(leaving)
+        self.spec = self.spec.model_copy(update={"instances": smaller})
+        self._passes(rounds, 1)
+        if fault == "crash":
+            self.model.crash(primary)
+        elif fault == "isolate":
+            primary.isolated = True
+        if fault != "none":
+            self._passes(rounds, 1)
+
+    @rule(
+        node=NODES,
+        base=st.integers(min_value=1, max_value=4),
+        ahead=st.integers(min_value=1, max_value=3),
+        settled=st.booleans(),
+        fault=st.sampled_from(["crash", "isolate"]),
+        rounds=st.integers(min_value=0, max_value=10),
+    )
+    def replica_restarts_as_the_primary_dies(
+        self, node: int, base: int, ahead: int, settled: bool, fault: str, rounds: int
+    ) -> None:
+        """Item 7: the replica with the most WAL restarts just before the primary dies; its receiver
+        reports the segment start where streaming would resume, below the WAL it holds."""
+        primary = self._primary()
+        if primary is None:
+            return
+        replicas = sorted(n.name for n in self.model.nodes.values() if self.model.streaming(n))
+        if len(replicas) < 2:
+            return
+        chosen = self.model.nodes[replicas[node % len(replicas)]]
+        for _ in range(base):
+            self.model.commit(set(replicas))
+        for _ in range(ahead):
+            self.model.commit({chosen.name})
+        self.model.crash(chosen)
+        self.model.restart(chosen)
+        if fault == "crash":
+            self.model.crash(primary)
+        else:
+            primary.isolated = True
+        if settled:
+            chosen.unsettled = False  # replayed its own WAL: it provably holds it
+        self._passes(rounds, 1)
+
+    @rule(
+        node=NODES,
+        base=st.integers(min_value=1, max_value=4),
+        count=st.integers(min_value=1, max_value=3),
+        skipped=st.sets(NODES, max_size=2),
+        terminate=st.booleans(),
+        rounds=st.integers(min_value=1, max_value=6),
+    )
+    def switchover_whose_stop_is_killed(
+        self, node: int, base: int, count: int, skipped: set[int], terminate: bool, rounds: int
+    ) -> None:
+        """Item 6: a switchover (requested, or away from a terminating primary) whose fast shutdown of
+        the primary times out and is killed: only an unclean final WAL position exists, behind the
+        commits the target lacks."""
+        primary = self._primary()
+        if primary is None:
+            return
+        others = sorted(n for n in self.model.nodes if n != primary.name)
+        if not others:
+            return
+        target = others[node % len(others)]
+        for _ in range(base):
+            self.model.commit(set(others))
+        got = set(others) - {target} - {others[i % len(others)] for i in skipped}
+        for _ in range(count):
+            self.model.commit(got)
+        primary.stop_hangs = True
+        if terminate:
+            primary.terminating = True
+        else:
+            self.model.switchover_to = target
+        for _ in range(rounds):
+            self.model.tick(0.5)
+            self._operator_step(apply_all=True)
+            self.model.land_fences()
+        primary.stop_hangs = False
+
+    @precondition(
+        lambda self: (
+            hasattr(self, "spec")
+            and self.spec.upgrade.primary_update_method is PrimaryUpdateMethod.SWITCHOVER
+            and self.spec.instances > 1
+        )
+    )
+    @rule(
+        how=st.sampled_from(["killed", "killed", "target-lost"]),
+        after=st.integers(min_value=1, max_value=5),
+    )
+    def rollout_switchover_fails(self, how: str, after: int) -> None:
+        """Item 9: a rolling update reaches its switchover, which fails (the primary's stop is killed,
+        or the target is lost before it caught up): the rollout aborts and must resume the primary."""
+        primary = self._primary()
+        if primary is None:
+            return
+        self.new_image()
+        primary.stop_hangs = how == "killed"
+        for _ in range(60):
+            self.model.tick(1)
+            self.model.complete_restarts()
+            self.model.catch_up_all()
+            self._operator_step(apply_all=True)
+            operation = self.status.operation
+            if operation is None or operation.kind is not OperationKind.ROLLOUT:
+                break
+            if operation.step == "switchover-fence":
+                target = self.model.nodes.get(str(operation.target))
+                if how == "target-lost" and target is not None:
+                    self.model.crash(target)
+                break
+        for _ in range(after):
+            self.model.tick(0.5 if how == "killed" else 10)
+            self.model.land_fences()
+            self._operator_step(apply_all=True)
+        primary.stop_hangs = False
+
+    @rule(
+        wait=st.sampled_from([3, 4, 6]),
+        samples=st.integers(min_value=1, max_value=3),
+        flapping=st.sets(NODES, max_size=4),
+        everyone=st.booleans(),
+        heal=st.booleans(),
+    )
+    def votes_flap_while_the_primary_is_cut(
+        self, wait: int, samples: int, flapping: set[int], everyone: bool, heal: bool
+    ) -> None:
+        """Item 12: the operator loses the primary while its replicas still stream from it, and their
+        streaming samples flap: one wrong sample each must not confirm a failure."""
+        primary = self._primary()
+        if primary is None:
+            return
+        primary.partitioned = True
+        self._passes(samples, wait / samples)
+        replicas = sorted(n for n in self.model.nodes if n != primary.name)
+        if not replicas:
+            return
+        chosen = set(replicas) if everyone else {replicas[i % len(replicas)] for i in flapping}
+        for name in chosen:
+            self.model.nodes[name].flapped = True
+        self._passes(1, 1)
+        if heal:
+            primary.partitioned = False
 
     def _nothing_to_restore_from(self) -> bool:
         """QuorumLost is where a cluster rightly stays when the members whose data survives cannot
