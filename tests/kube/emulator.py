@@ -57,6 +57,19 @@ over HTTP that merges dicts; :class:`KubeEmulator` subclasses it and serves what
   :class:`EmulatedApiServer` in a background thread (for kopf's KopfRunner and scripts);
   :func:`write_kubeconfig` points kubectl, kopf and the kubernetes client at it.
 
+Usage (the fixtures of tests/kube/conftest.py wrap the same)::
+
+    server = EmulatedApiServer(crds=[CRDS_DIR], validators=[pgherd_validator], tokens={"t": "me"})
+    url = server.start()                       # http://127.0.0.1:PORT, served from a thread
+    server.write_kubeconfig(path, token="t")   # for kubectl, or KUBECONFIG + kopf.login_with_kubeconfig
+    kubernetes.client.ApiClient(kube_client_configuration(url, "t"))
+    @kopf.on.login()                           # kopf takes the plain-http URL as it is
+    def login(**_): return kopf_connection(url, "t")
+    server.create(manifest); server.read("pgc", "default", "hippo"); server.calls  # on its loop
+    server.stop()
+
+    async with serving(KubeEmulator(crds=[CRDS_DIR])) as url: ...   # in the current event loop
+
 What it does not do, compared with a real API server:
 
 * no controllers: no scheduler, kubelet, StatefulSet, Job, Deployment, Endpoints, disruption or
@@ -77,9 +90,10 @@ What it does not do, compared with a real API server:
 * ``generation`` is kept on every kind; no ``managedFields``, no field managers, no ``selfLink``;
   timestamps to the second; one storage per group/version: no conversion between versions;
 * lists come in one page (``limit``/``continue`` ignored, the resourceVersion of a list is always
-  the current one); no BOOKMARK events; watches are never converted to tables; no protobuf, no
-  aggregated discovery (clients fall back to the legacy documents), no OpenAPI documents beyond
-  empty ones (``kubectl apply`` still works: it validates on the server, which accepts);
+  the current one); no BOOKMARK events; watches are never converted to tables (``kubectl get -w``
+  prints nothing useful); no protobuf, no aggregated discovery (clients fall back to the legacy
+  documents); OpenAPI v3 documents list operations without schemas (enough for ``kubectl apply``
+  to leave validation to the server), no OpenAPI v2 (``kubectl explain`` fails);
 * services get a fake cluster IP from 10.96.0.0/16; PVCs stay ``Pending``.
 """
 
