@@ -2279,7 +2279,8 @@ class EmulatedApiServer:
         ...
         server.stop()
 
-    Keyword arguments go to :class:`KubeEmulator`. The helpers (``create``, ``read``, ``items``,
+    Keyword arguments go to :class:`KubeEmulator`. A stopped server can be started again: the same
+    store, on a new port unless ``port`` was given. The helpers (``create``, ``read``, ``items``,
     ``merge``, ``remove``, ``call``) run on the server's loop and wait for the result.
     """
 
@@ -2306,6 +2307,8 @@ class EmulatedApiServer:
         """Start serving; returns the URL (``http://127.0.0.1:PORT``)."""
         if self._thread is not None:
             raise RuntimeError("the server is already started")
+        self._ready.clear()
+        self._url, self._loop, self._failure = None, None, None
         self._thread = threading.Thread(target=self._run, name="kube-emulator", daemon=True)
         self._thread.start()
         if not self._ready.wait(timeout):

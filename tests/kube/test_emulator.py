@@ -958,9 +958,15 @@ def test_a_script_starts_and_stops_a_server_with_a_kubeconfig(tmp_path: Path) ->
                 os.environ["KUBECONFIG"] = old
         assert info is not None and info.server == url and info.default_namespace == "default"
         assert http(server, "GET", "/version")[1]["major"] == "1"
+        server.create(configmap("kept") | {"metadata": {"name": "kept", "namespace": "default"}})
     finally:
         server.stop()
     server.stop()  # idempotent
+    again = server.start()  # the same store, served again
+    try:
+        assert http(server, "GET", cm_path("kept"))[0] == 200 and again.startswith("http://127.0.0.1:")
+    finally:
+        server.stop()
 
 
 def test_api_call_tuple() -> None:
