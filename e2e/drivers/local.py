@@ -25,8 +25,6 @@ COMMAND_TIMEOUT = 120.0
 # How long the sandbox waits before restarting a dead member (kubelet's back-off). Longer than failure
 # detection (3 s in the scenarios) so that a killed primary is failed over, not merely restarted in place.
 RESTART_DELAY = float(os.environ.get("PGHERD_E2E_RESTART_DELAY", "6"))
-# How the sandbox runs its members (`sandbox up --members`): agent | inline; unset: the sandbox's default.
-MEMBERS = os.environ.get("PGHERD_SANDBOX_MEMBERS")
 
 
 def pgherd_command() -> list[str]:
@@ -117,7 +115,6 @@ class LocalDriver(PollingDriver):
                 str(path),
                 "--restart-delay",
                 str(self.restart_delay),
-                *(["--members", MEMBERS] if MEMBERS else []),
                 "--timeout",
                 str(UP_TIMEOUT),  # the sandbox's own message beats our subprocess timeout
                 timeout=UP_TIMEOUT + 30,
@@ -150,7 +147,7 @@ class LocalDriver(PollingDriver):
         return status
 
     def kill(self, member: str, wipe: bool = False, postgres_only: bool = False) -> None:
-        """A lost pod (agent mode: the agent and PostgreSQL together); ``postgres_only``: a crashed
+        """A lost pod (the member's agent and PostgreSQL together); ``postgres_only``: a crashed
         PostgreSQL under a live agent."""
         flags = [*(["--wipe"] if wipe else []), *(["--postgres-only"] if postgres_only else [])]
         self._sandbox("kill", member, *flags)

@@ -1,8 +1,12 @@
-"""`local_cluster(instances)`: the sandbox's platform in a scratch directory, its members created
-through its own CreateMember actions (initdb for the first, pg_basebackup for the others)."""
+"""`local_cluster(instances)`: the sandbox's platform in a scratch directory, its members (each its own
+`pgherd instance run` process) created through its own CreateMember actions (initdb for the first,
+pg_basebackup for the others)."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,23 +19,43 @@ from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.local.layout import SandboxPaths
 from pgherd.local.objects import ObjectStore
 from pgherd.local.platform import LocalPlatform
+from pgherd.local.pods import MAX_MEMBERS
 from pgherd.local.state import S3Endpoint, SandboxState
+
+CLUSTER = "demo"  # the s3_store fixture's cluster
+
+
+@pytest.fixture(scope="session")
+def sandbox_certs(work_root: Path) -> Path:
+    """`pgherd instance certs` for every member a test cluster may have, made once: each sandbox gets a
+    copy (the platform then keeps them and writes only its own passwords)."""
+    folder = work_root / "sandbox-certs"
+    command = [str(Path(sys.executable).parent / "pgherd"), "instance", "certs", "--cluster", CLUSTER]
+    command += ["--out", str(folder)]
+    for ordinal in range(MAX_MEMBERS):
+        command += ["--member", f"{CLUSTER}-{ordinal}"]
+    subprocess.run(command, check=True, capture_output=True, timeout=120)
+    return folder
 
 
 @pytest.fixture
 def local_cluster(
-    work_root: Path, s3_store: Any, request: pytest.FixtureRequest
+    work_root: Path, s3_store: Any, sandbox_certs: Path, request: pytest.FixtureRequest
 ) -> Iterator[Callable[..., LocalCluster]]:
     """make(instances, parameters=None) -> a LocalCluster whose members run and stream."""
     made: list[LocalCluster] = []
+    assert s3_store.cluster == CLUSTER
 
     def make(instances: int, parameters: dict[str, str] | None = None) -> LocalCluster:
         root = work_root / f"sandbox-{request.node.name[:30]}-{uuid.uuid4().hex[:6]}"
         root.mkdir(mode=0o755)
+        shutil.copytree(sandbox_certs, root / "certs")
         endpoint = s3_store.endpoint
+        base_port = free_port_range(16)
         state = SandboxState(
-            cluster=s3_store.cluster,
-            base_port=free_port_range(16),
+            cluster=CLUSTER,
+            base_port=base_port,
+            agent_base_port=free_port_range(16, avoid=range(base_port, base_port + 16)),
             store_url=s3_store.url,
             s3=S3Endpoint(
                 endpoint=endpoint.endpoint_url,
@@ -49,8 +73,7 @@ def local_cluster(
         state.save(paths)
         objects = ObjectStore(paths)
         spec_fields: dict[str, Any] = {"instances": instances, "postgresVersion": 15}
-        if parameters:
-            spec_fields["parameters"] = parameters
+        spec_fields["parameters"] = {"shared_buffers": "16MB", "max_connections": "30", **(parameters or {})}
         objects.apply(
             {
                 "apiVersion": "pgherd.io/v1alpha1",

@@ -1,5 +1,6 @@
-"""A LocalPlatform over real PostgreSQL, driven action by action (no supervisor, no engine): the
-`LocalCluster` the `local_cluster` fixture (conftest.py) hands to the tests."""
+"""The sandbox's platform over real members (each its own `pgherd instance run` process), driven action
+by action (no supervisor, no engine): the `LocalCluster` the `local_cluster` fixture (conftest.py) hands
+to the tests."""
 
 from __future__ import annotations
 
@@ -17,18 +18,19 @@ from pgherd.engine.lsn import parse_lsn
 from pgherd.engine.view import MemberView, member_name
 from pgherd.local.layout import SandboxPaths
 from pgherd.local.platform import LocalPlatform
-from pgherd_backup.postgres import postmaster
+from pgherd_backup.agent.client import AgentError
+from pgherd_backup.agent.wire import Status
 
 RESTART_DELAY = 0.5
 
 
-def free_port_range(count: int) -> int:
+def free_port_range(count: int, avoid: range = range(0)) -> int:
     """A base port such that base..base+count-1 are free now (the platform gives member i base+i)."""
     for _ in range(200):
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             base = probe.getsockname()[1]
-        if base + count > 65000:
+        if base + count > 65000 or set(range(base, base + count)) & set(avoid):
             continue
         sockets: list[socket.socket] = []
         try:
@@ -63,7 +65,7 @@ class LocalCluster:
         self.platform.apply(action, self.spec)
 
     def wait_idle(self, name: str, timeout: float = 120) -> None:
-        """Wait for the member's worker (create, restart, rejoin...) to finish."""
+        """Wait for the member's worker (restart, rejoin, demote...) to finish."""
         deadline = time.monotonic() + timeout
         while self.platform.busy(name):
             if time.monotonic() > deadline:
@@ -79,8 +81,16 @@ class LocalCluster:
         views, _ = self.platform.observe_members()
         return next(view for view in views if view.name == name)
 
+    def status(self, name: str) -> Status:
+        """The member's /status, asked now."""
+        return self.platform.client(name).status(timeout=5)
+
     def running(self, name: str) -> bool:
-        return self.platform.running(name)
+        """Its agent reports PostgreSQL alive (running, or starting)."""
+        try:
+            return self.status(name).postmaster in ("running", "starting")
+        except AgentError:
+            return False
 
     def sql(self, name: str, query: str, params: tuple[Any, ...] | None = None) -> list[tuple[Any, ...]]:
         with (
@@ -113,21 +123,23 @@ class LocalCluster:
         raise AssertionError(f"timed out waiting for {what} ({last})")
 
     def wait_streaming(self, name: str) -> None:
-        self.wait_until(
-            lambda: self.value(name, "SELECT status FROM pg_stat_wal_receiver") == "streaming",
-            f"{name} streaming",
-        )
+        self.wait_until(lambda: self.status(name).streaming, f"{name} streaming", timeout=120)
 
     def create(self, instances: int) -> None:
+        """The members, through the platform's own CreateMember actions: initdb for the first (a
+        primary), pg_basebackup from it for the others."""
         primary = self.name(0)
         self.apply(act.CreateMember(primary, 0, act.Seed.INITDB, "r1"))
-        self.wait_idle(primary)
+        self.wait_until(
+            lambda: self.status(primary).role == "primary" and self.status(primary).ready,
+            f"{primary} running as the primary",
+            timeout=120,
+        )
         self.platform.current_primary = primary
         for ordinal in range(1, instances):
             name = self.name(ordinal)
             self.apply(act.CreateMember(name, ordinal, act.Seed.BASEBACKUP, "r1", primary, primary))
         for ordinal in range(1, instances):
-            self.wait_idle(self.name(ordinal))
             self.wait_streaming(self.name(ordinal))
 
     def shut_down(self) -> None:
@@ -135,8 +147,5 @@ class LocalCluster:
             with contextlib.suppress(AssertionError):
                 self.wait_idle(name, timeout=60)
         for name in list(self.platform.members):
-            pgdata = self.paths.member_data(name)
             with contextlib.suppress(Exception):
-                postmaster.stop(pgdata, bins=self.platform.bins, mode="immediate", timeout=10)
-            with contextlib.suppress(Exception):
-                postmaster.kill(pgdata)
+                self.platform.pods.kill(name)  # the agent and its PostgreSQL: nothing to keep

@@ -1,4 +1,4 @@
-"""The agent-based sandbox (`pgherd sandbox up --members agent`): every member is its own
+"""The sandbox (`pgherd sandbox up`): every member is its own
 `pgherd instance run` process, driven by the supervisor through its API. Real PostgreSQL, real TLS,
 the real supervisor and engine."""
 
@@ -49,7 +49,7 @@ def agent_sandbox(work_root: Path) -> Iterator[Callable[..., Sandbox]]:
         sandbox = Sandbox(work_root / f"agents-{uuid.uuid4().hex[:6]}")
         made.append(sandbox)
         name = f"ag{uuid.uuid4().hex[:4]}"
-        sandbox.up(_manifest(name, instances), timeout=240, restart_delay=restart_delay, members="agent")
+        sandbox.up(_manifest(name, instances), timeout=240, restart_delay=restart_delay)
         return sandbox
 
     yield up

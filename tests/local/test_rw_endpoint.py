@@ -24,9 +24,13 @@ def test_the_rw_endpoint_is_the_last_set_primary_until_fenced(
     view, _ = cluster.platform.view(cluster.spec, None)
     assert view.rw_member == primary
 
+    # A restarted supervisor (a new platform) finds the record, and the members' pods running.
     restarted = LocalPlatform(cluster.paths, cluster.platform.state, ObjectStore(cluster.paths))
-    assert restarted.view(cluster.spec, None)[0].rw_member == primary
+    view, _ = restarted.view(cluster.spec, None)
+    assert view.rw_member == primary
+    assert {m.name for m in view.members if m.reachable} == {primary, cluster.name(1)}
 
     cluster.apply(act.Fence(primary, reason="failover"))
     view, _ = cluster.platform.view(cluster.spec, None)
     assert view.rw_member is None
+    assert view.member(primary) is not None and view.member(primary).stopped  # type: ignore[union-attr]

@@ -1,4 +1,5 @@
-"""Issue #10 items 6 and 7: the WAL a member provably holds, as the sandbox reports it.
+"""Issue #10 items 6 and 7, on the members' agents: the WAL a member provably holds, as the sandbox
+reports it to the engine.
 
 6: a stopped member's final WAL end is the end of valid WAL in its pg_wal (an unclean stop) or of
    its shutdown checkpoint record (a clean one), never pg_control's checkpoint location.
@@ -12,7 +13,7 @@ from collections.abc import Callable
 from local_helpers import LocalCluster
 
 from pgherd.engine import actions as act
-from pgherd_backup.postgres import postmaster
+from pgherd.local.pods import kill_pod
 
 WRITE = "CREATE TABLE IF NOT EXISTS t (x int); INSERT INTO t SELECT generate_series(1, 20000)"
 
@@ -26,7 +27,12 @@ def test_a_killed_primary_reports_its_true_wal_end(local_cluster: Callable[..., 
     checkpoint = cluster.lsn(primary, "SELECT checkpoint_lsn FROM pg_control_checkpoint()")
     assert last_commit is not None and checkpoint is not None and checkpoint < last_commit
 
-    postmaster.kill(cluster.paths.member_data(primary))
+    # Its PostgreSQL is killed, and its agent cannot start it again (a parameter it refuses): it stays
+    # down, unclean, until the engine fences it.
+    parameters = cluster.platform.pods.parameters_file(primary)
+    parameters.write_text(parameters.read_text() + "shared_buffers = 'lots'\n")
+    kill_pod(cluster.paths, primary, postgres_only=True)
+    cluster.wait_until(lambda: cluster.status(primary).crashes == 1, "the crash to be seen")
     cluster.apply(act.Fence(primary, reason="test"))
     view = cluster.member(primary)
 
@@ -44,18 +50,11 @@ def test_a_cleanly_fenced_primary_reports_what_its_standby_received(
     cluster = local_cluster(2)
     primary, replica = cluster.name(0), cluster.name(1)
     cluster.sql(primary, WRITE)
-    cluster.member(primary)  # observed reachable: Fence checkpoints, then shuts down cleanly
 
-    cluster.apply(act.Fence(primary, reason="switchover"))
+    cluster.apply(act.Fence(primary, reason="switchover"))  # the agent checkpoints, then shuts down cleanly
     assert not cluster.running(primary)
     # The standby received everything up to the end of the shutdown checkpoint record.
-    cluster.wait_until(
-        lambda: (
-            cluster.value(replica, "SELECT count(*) FROM pg_stat_wal_receiver WHERE status = 'streaming'")
-            == 0
-        ),
-        "the standby to notice the primary's shutdown",
-    )
+    cluster.wait_until(lambda: not cluster.status(replica).streaming, "the standby to notice the shutdown")
     received = cluster.lsn(replica, "SELECT pg_last_wal_receive_lsn()")
 
     view = cluster.member(primary)
@@ -91,11 +90,12 @@ def test_a_restarted_replica_reports_the_wal_it_holds(local_cluster: Callable[..
     replayed = cluster.lsn(replica, "SELECT pg_last_wal_replay_lsn()")
     assert held_before is not None and replayed is not None and replayed < held_before
 
-    # Its primary dies; the replica restarts and has nothing to stream from.
-    postmaster.kill(cluster.paths.member_data(primary))
+    # Its primary's pod is lost (not restarted: no platform loop here); the replica restarts and has
+    # nothing to stream from.
+    kill_pod(cluster.paths, primary)
     cluster.apply(act.RestartMember(replica, "r2"))
     cluster.wait_idle(replica)
-    assert cluster.running(replica)
+    assert cluster.running(replica) and cluster.status(replica).revision == "r2"
     received_now = cluster.lsn(replica, "SELECT pg_last_wal_receive_lsn()")
     assert received_now is None or received_now < held_before
 

@@ -190,7 +190,11 @@ def gather(inst: Instance) -> Status:
             archiving_healthy=live.archiving_healthy,
             system_identifier=live.system_identifier,
         )
-    if pm.state is PostmasterState.STOPPED and (inst.pgdata / "global" / "pg_control").exists():
+    if (
+        pm.state in (PostmasterState.STOPPED, PostmasterState.CRASHED)
+        and (inst.pgdata / "global" / "pg_control").exists()
+    ):
+        # Stopped, or crashed and not started again (yet, or at all): where its WAL ends.
         return Status(**common, **_stopped(inst))
     return Status(**common)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from pgherd.api.admission import ManifestRefused
 from pgherd.commands.validate import load_documents
-from pgherd.local.sandbox import DEFAULT_DIR, MEMBER_MODES, Sandbox, SandboxError
+from pgherd.local.sandbox import DEFAULT_DIR, Sandbox, SandboxError
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,10 +36,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--members",
-        choices=MEMBER_MODES,
         default=os.environ.get("PGHERD_SANDBOX_MEMBERS") or "agent",
-        help="agent: each member is its own `pgherd instance run` process (a pod), driven through its"
-        " API; inline: the supervisor drives PostgreSQL itself (default: $PGHERD_SANDBOX_MEMBERS or agent)",
+        help="how members run: only `agent` (each member its own `pgherd instance run` process, driven"
+        " through its API); the inline mode was removed and is refused with what to do",
     )
     p.set_defaults(func=_up)
     p = add("status", "phase, conditions, primary, members, and the read-write DSN")

@@ -108,17 +108,16 @@ class Tour:
         )
         self.say(f"{old} is back as a replica (rewound onto timeline {status['timeline']})")
 
-        if self.sandbox.state().members == "agent":
-            self.step("3b. Crash only the primary's PostgreSQL, under its live agent")
-            primary = status["primary"]
-            self.wait("every replica streaming", lambda s: s["phase"] == "Running", timeout=120)
-            killed_at = time.monotonic()
-            self.sandbox.kill(primary, postgres_only=True)
-            self.say(f"killed {primary}'s PostgreSQL; its agent restarts it read-only at once,")
-            self.say("and the operator promotes it in place: it holds every commit it acknowledged")
-            self.first_write_after(killed_at, what="the crash")
-            status = self.wait("the cluster Running", lambda s: s["phase"] == "Running", timeout=120)
-            self.say(f"primary still {status['primary']}, on timeline {status['timeline']}")
+        self.step("3b. Crash only the primary's PostgreSQL, under its live agent")
+        primary = status["primary"]
+        self.wait("every replica streaming", lambda s: s["phase"] == "Running", timeout=120)
+        killed_at = time.monotonic()
+        self.sandbox.kill(primary, postgres_only=True)
+        self.say(f"killed {primary}'s PostgreSQL; its agent restarts it read-only at once,")
+        self.say("and the operator promotes it in place: it holds every commit it acknowledged")
+        self.first_write_after(killed_at, what="the crash")
+        status = self.wait("the cluster Running", lambda s: s["phase"] == "Running", timeout=120)
+        self.say(f"primary still {status['primary']}, on timeline {status['timeline']}")
 
         self.step("4. Take a backup")
         self.sandbox.apply(

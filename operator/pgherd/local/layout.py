@@ -43,14 +43,6 @@ class SandboxPaths:
         return self.objects / "switchover.json"
 
     @property
-    def wal_socket(self) -> Path:
-        """The supervisor's WAL service (pgherd_backup.walservice), asked by the members' restore_command."""
-        # Imported here: walservice brings the S3 client, which `pgherd sandbox status` does not need.
-        from pgherd_backup.walservice import socket_path_for
-
-        return socket_path_for(self.root)
-
-    @property
     def rw_endpoint(self) -> Path:
         """The member the rw endpoint selects (the last SetPrimary), as a pod label would persist it."""
         return self.root / "rw-endpoint.json"
@@ -71,14 +63,10 @@ class SandboxPaths:
     def member_log(self, name: str) -> Path:
         return self.members / name / "postgres.log"
 
-    @property
-    def kept(self) -> Path:
-        """Data directories replaced by a re-clone or a restore, per member: outside the members' own
-        folders, so that deleting a member (its volume) never deletes them."""
-        return self.root / "kept"
-
-    def kept_dir(self, name: str) -> Path:
-        return self.kept / name
+    def member_kept(self, name: str) -> Path:
+        """Data directories a re-clone or a restore replaced, on the member's volume (its agent's
+        <volume>/kept/<stamp>): never deleted but with the member's volume."""
+        return self.members / name / "kept"
 
     @property
     def jobs(self) -> Path:

@@ -1,6 +1,6 @@
 """The sandbox's pods: one `pgherd instance run` process per member, and the cluster's credentials.
 
-This is the kubelet's part of the agent-based sandbox: start a member's agent with its flags, say
+This is the kubelet's part of the sandbox: start a member's agent with its flags, say
 whether it still runs, stop it (SIGTERM, then SIGKILL after a bound) or kill it with its PostgreSQL (a
 lost pod). It knows processes, directories and ports; what happens inside a member is the agent's.
 
@@ -182,6 +182,9 @@ class Pods:
             return running
         folder = self.paths.member_dir(name)
         folder.mkdir(parents=True, exist_ok=True)
+        environment = {**os.environ, **env}
+        if self.state.pg_bindir:
+            environment["PG_BIN"] = self.state.pg_bindir
         with self.log_file(name).open("ab") as log:
             process = subprocess.Popen(
                 self.command(name, ordinal, revision, extra),
@@ -189,7 +192,7 @@ class Pods:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                env={**os.environ, **env},
+                env=environment,
                 cwd=str(folder),
             )
         self._children[name] = process
@@ -241,7 +244,7 @@ class Pods:
 
 
 def kill_pod(paths: SandboxPaths, name: str, *, postgres_only: bool = False) -> None:
-    """What `pgherd sandbox kill` does in agent mode, from another process than the supervisor."""
+    """What `pgherd sandbox kill` does, from another process than the supervisor."""
     if not postgres_only:
         try:
             pid = int((paths.member_dir(name) / "agent.pid").read_text().strip())

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,15 +22,14 @@ from pgherd.local.layout import SandboxPaths, read_json
 from pgherd.local.objects import ObjectStore
 from pgherd.local.s3server import S3ServerUnavailable, choose_backend, free_port
 from pgherd.local.state import MemberState, S3Endpoint, SandboxState
-from pgherd_backup.postgres import postmaster
 from pgherd_backup.postgres.process import grant_traverse
 
 DEFAULT_DIR = Path(".sandbox")
 EMBEDDED_BUCKET = "pgherd"
 EMBEDDED_SECRET = "pgherd-sandbox-s3"
-# inline: the supervisor drives each member's PostgreSQL itself; agent: each member is its own
-# `pgherd instance run` process, driven through its API (as on Kubernetes).
-MEMBER_MODES = ("inline", "agent")
+# Each member is its own `pgherd instance run` process, driven through its API (as on Kubernetes). The
+# other mode of old, "inline" (the supervisor driving PostgreSQL itself), was removed.
+MEMBER_MODES = ("agent",)
 
 
 class SandboxError(RuntimeError):
@@ -63,8 +63,7 @@ class Sandbox:
         restart_delay: float = 10.0,
         members: str = "agent",
     ) -> dict[str, Any]:
-        if members not in MEMBER_MODES:
-            raise SandboxError(f"--members {members!r}: expected one of {', '.join(MEMBER_MODES)}")
+        check_members_mode(members)
         if self.paths.state_file.exists():
             raise SandboxError(
                 f"a sandbox already exists in {self.root}: `pgherd sandbox apply -f` changes it,"
@@ -134,8 +133,7 @@ class Sandbox:
             app_database=initdb.get("database", "app"),
             app_password=secrets.token_urlsafe(18),
             restart_delay=restart_delay,
-            members=members,
-            agent_base_port=_free_port_range(16) if members == "agent" else None,
+            agent_base_port=_free_port_range(16),
         )
         state.save(self.paths)
         self.objects.apply(manifest)
@@ -256,22 +254,18 @@ class Sandbox:
         return self.objects.apply(manifest)
 
     def kill(self, member: str, *, wipe: bool = False, postgres_only: bool = False) -> None:
-        """kill -9 a member. Agent mode: its agent and PostgreSQL together (a lost pod), or with
-        ``postgres_only`` PostgreSQL alone (a crashed server under a live agent). Inline: PostgreSQL."""
+        """kill -9 a member: its agent and PostgreSQL together (a lost pod), or with ``postgres_only``
+        PostgreSQL alone (a crashed server under a live agent); ``wipe``: its data directory too."""
+        from pgherd.local.pods import kill_pod
+
         state = self.state()
         folder = self.paths.member_dir(member)
         known = MemberState.load(self.paths, member)
         if known is None or not folder.exists():
             raise SandboxError(f"no member {member!r} in cluster {state.cluster}")
-        pgdata = self.paths.member_data(member)
-        if state.members == "agent":
-            from pgherd.local.pods import kill_pod
-
-            kill_pod(self.paths, member, postgres_only=postgres_only)
-        else:
-            postmaster.kill(pgdata)
+        kill_pod(self.paths, member, postgres_only=postgres_only)
         if wipe:
-            shutil.rmtree(pgdata, ignore_errors=True)
+            shutil.rmtree(self.paths.member_data(member), ignore_errors=True)
 
     def switchover(self, to: str | None, *, timeout: float = 90) -> dict[str, Any]:
         before = self.status()
@@ -306,7 +300,13 @@ class Sandbox:
             time.sleep(0.1)
 
     def resume(self) -> int:
-        if self.state().s3.embedded:
+        state = self.state()
+        if state.members != "agent" or state.agent_base_port is None:
+            raise SandboxError(
+                f"the sandbox in {self.root} runs its members inline, a mode that was removed: remove it "
+                f"(`pgherd sandbox down --dir {self.root}`) and create it again"
+            )
+        if state.s3.embedded:
             _require_embedded_s3()
         return self.start_supervisor()
 
@@ -325,24 +325,32 @@ class Sandbox:
 
         for job in LocalJobs(self.paths).all():
             job.kill()
-        if self.paths.members.is_dir() and state.members == "agent":
+        if self.paths.members.is_dir():
             from pgherd.local.pods import stop_pod
 
-            for folder in self.paths.members.iterdir():
-                stop_pod(self.paths, folder.name)
-        if self.paths.members.is_dir():
-            for folder in self.paths.members.iterdir():
-                pgdata = folder / "data"
-                if postmaster.is_running(pgdata):
-                    try:
-                        postmaster.stop(pgdata, mode="fast", timeout=20)
-                    except Exception:
-                        postmaster.kill(pgdata)
+            # Every pod at once: a clean shutdown each, its PostgreSQL killed after a bound.
+            stopping = [
+                threading.Thread(target=stop_pod, args=(self.paths, folder.name))
+                for folder in self.paths.members.iterdir()
+            ]
+            for thread in stopping:
+                thread.start()
+            for thread in stopping:
+                thread.join()
         if state.s3.embedded and state.s3.pid and _alive(state.s3.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(state.s3.pid, signal.SIGTERM)
         if not keep_data:
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+def check_members_mode(members: str) -> None:
+    """`--members`: only `agent` remains; the removed `inline` mode is refused with what to do."""
+    if members not in MEMBER_MODES:
+        raise SandboxError(
+            f"--members {members}: the sandbox runs every member on its own agent (`pgherd instance run`);"
+            " the inline mode was removed. Drop --members (and PGHERD_SANDBOX_MEMBERS)"
+        )
 
 
 def _require_embedded_s3() -> None:

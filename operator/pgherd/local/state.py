@@ -41,18 +41,19 @@ class SandboxState:
     app_password: str
     restart_delay: float = 10.0
     tick: float = 0.25  # seconds between two observations of a steady cluster (0.2 while acting)
-    pg_bindir: str | None = None
-    # How members run: "inline" (the supervisor drives PostgreSQL itself) or "agent" (each member is its
-    # own `pgherd instance run` process, as a pod; the supervisor acts on it only through its API).
-    members: str = "inline"
-    agent_base_port: int | None = None  # agent mode: the agents' ports, one per ordinal like base_port
+    pg_bindir: str | None = None  # the PostgreSQL programs the agents run (PG_BIN); None: the newest
+    # The agents' ports, one per ordinal like base_port (None only in a sandbox from before the agents).
+    agent_base_port: int | None = None
+    # Every member is its own `pgherd instance run` process; "inline" (the supervisor driving
+    # PostgreSQL itself) was removed: a sandbox still marked so is refused with what to do.
+    members: str = "agent"
 
     def port_of(self, ordinal: int) -> int:
         return self.base_port + ordinal
 
     def agent_port_of(self, ordinal: int) -> int:
         if self.agent_base_port is None:
-            raise ValueError("this sandbox runs its members inline: no agent ports")
+            raise ValueError("this sandbox has no agent ports (it ran its members inline): create it again")
         return self.agent_base_port + ordinal
 
     def save(self, paths: SandboxPaths) -> None:
@@ -82,9 +83,9 @@ class MemberState:
     wanted: bool = True  # the platform keeps it running (False: deleted or stopped on purpose)
     restart_at: float | None = None  # monotonic-free wall time of the next restart attempt
     restarts: int = 0
-    cloned_from: str | None = None  # "<upstream>@<timeline>" of the last clone: a re-clone is done once
-    # Agent mode: the seed flags of its CreateMember, until its data is seen: a pod restarted before its
-    # seed completed seeds again; one restarted later (a lost volume included) never re-seeds on its own.
+    cloned_from: str | None = None  # unused since the members run on agents (read from older files)
+    # The seed flags of its CreateMember, until its data is seen: a pod restarted before its seed
+    # completed seeds again; one restarted later (a lost volume included) never re-seeds on its own.
     seed: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 

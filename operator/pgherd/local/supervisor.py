@@ -1,7 +1,7 @@
 """The sandbox supervisor: the same observe -> decide -> act loop as the Kubernetes operator.
 
 It runs in the background (started by `pgherd sandbox up` or `resume`), owns the embedded S3 server,
-and writes the cluster status where `pgherd sandbox status` reads it. Killed at any moment, a new one
+drives the members' agents through the platform (platform.py), and writes the cluster status where `pgherd sandbox status` reads it. Killed at any moment, a new one
 resumes from the recorded status: the engine's operation record says where it was.
 """
 
@@ -29,8 +29,6 @@ from pgherd.local.observe import Observation
 from pgherd.local.platform import LocalPlatform
 from pgherd.local.s3server import S3Server
 from pgherd.local.state import SandboxState
-from pgherd_backup.store import S3Settings, Store, StoreLocation
-from pgherd_backup.walservice import WalService
 
 log = logging.getLogger("pgherd.sandbox")
 
@@ -92,21 +90,12 @@ def apply_actions(
     return {repr(a) for a in actions}
 
 
-def make_platform(paths: SandboxPaths, state: SandboxState, objects: ObjectStore) -> LocalPlatform:
-    """The sandbox's platform for its members' mode (see SandboxState.members)."""
-    if state.members == "agent":
-        from pgherd.local.agents import AgentPlatform
-
-        return AgentPlatform(paths, state, objects)
-    return LocalPlatform(paths, state, objects)
-
-
 class Supervisor:
     def __init__(self, root: Path) -> None:
         self.paths = SandboxPaths(root)
         self.state = SandboxState.load(self.paths)
         self.objects = ObjectStore(self.paths)
-        self.platform = make_platform(self.paths, self.state, self.objects)
+        self.platform = LocalPlatform(self.paths, self.state, self.objects)
         self.stopping = False
         self.last_phase: str | None = None
         self.last_message: str | None = None
@@ -142,7 +131,6 @@ class Supervisor:
 
     def run(self) -> None:
         ensure_s3(self.paths, self.state)
-        wal_service = self._start_wal_service()
         self.paths.pid_file.write_text(f"{os.getpid()}\n")
         log.info("supervisor started (pid %d) for cluster %s", os.getpid(), self.state.cluster)
         while not self.stopping:
@@ -156,22 +144,7 @@ class Supervisor:
             busy = self.last_phase not in (None, "Running", "Paused")
             interval = min(self.state.tick, 0.2) if busy else self.state.tick
             time.sleep(max(0.02, interval - elapsed))
-        if wal_service is not None:
-            wal_service.stop()
         log.info("supervisor stopped")
-
-    def _start_wal_service(self) -> WalService | None:
-        """The members' restore_command asks it whether a WAL file is archived before starting
-        wal-fetch (see pgherd_backup.walservice); without it they only go slower."""
-        store = Store(
-            StoreLocation.parse(self.state.store_url, self.state.cluster),
-            S3Settings.from_env(self.state.s3.env()),
-        )
-        try:
-            return WalService(store, self.paths.wal_socket, self.paths.root).start()
-        except OSError as exc:
-            log.warning("WAL service not started (%s): restore_command will start wal-fetch every time", exc)
-            return None
 
     def tick(self) -> None:
         cluster = self.objects.cluster()

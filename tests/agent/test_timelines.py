@@ -1,0 +1,73 @@
+"""The timeline a replica reports in /status (issue #10 item 11): the newest one it holds WAL for,
+from its receiver, its last restartpoint and its WAL segments; a history file of a newer timeline is no
+evidence of being on it."""
+
+from __future__ import annotations
+
+from agent_helpers import MEMBERS, Agent
+
+from pgherd_backup.postgres.config import read_pgherd_conf, update_pgherd_conf
+
+
+def _three(agents) -> tuple[Agent, Agent, Agent]:
+    primary = agents.primary(MEMBERS[0])
+    first = agents(MEMBERS[1], "--seed", "basebackup", "--upstream", primary.address)
+    second = agents(MEMBERS[2], "--seed", "basebackup", "--upstream", primary.address)
+    first.wait_streaming()
+    second.wait_streaming()
+    return primary, first, second
+
+
+def _wait_replayed(agent: Agent, lsn: str) -> None:
+    agent.wait_until(
+        lambda: bool(agent.value(f"SELECT pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn")), f"replay of {lsn}"
+    )
+
+
+def test_a_diverged_replica_reports_the_timeline_it_is_on(agents):
+    primary, replica, fork = _three(agents)
+    fork.client.fence(reason="left behind")
+    # The replica moves ahead on timeline 1, past what the fork holds...
+    primary.sql("CREATE TABLE ahead AS SELECT generate_series(1, 1000) AS x")
+    _wait_replayed(replica, str(primary.value("SELECT pg_current_wal_lsn()")))
+    primary.client.fence(reason="gone")
+    # ...and the fork is promoted on its own: timeline 2 forks from timeline 1 behind the replica.
+    fork.client.promote(reason="test")
+    assert fork.status().timeline == 2
+
+    # Pointed at the fork (by hand: the agent's rejoin would rewind it), the replica's walreceiver
+    # fetches 00000002.history, but the replica cannot follow timeline 2: it stays on timeline 1.
+    conninfo = read_pgherd_conf(replica.pgdata)["primary_conninfo"]
+    update_pgherd_conf(
+        replica.pgdata, {"primary_conninfo": conninfo.replace(str(primary.pg_port), str(fork.pg_port))}
+    )
+    replica.sql("SELECT pg_reload_conf()")
+    replica.wait_until(lambda: (replica.pgdata / "pg_wal" / "00000002.history").exists(), "the history file")
+    log = replica.volume / "data.log"
+    replica.wait_until(lambda: "before current recovery point" in log.read_text(), "the refusal to switch")
+
+    status = replica.status()
+    assert status.role == "replica" and not status.streaming
+    assert status.timeline == 1
+
+
+def test_a_replica_that_followed_a_promotion_reports_the_new_timeline_without_its_upstream(agents):
+    """Its last restartpoint is still on timeline 1 and its receiver is gone with the new primary: the
+    WAL it received on timeline 2 says where it is."""
+    primary, promoted, follower = _three(agents)
+    primary.sql("CREATE TABLE before_promotion AS SELECT 1 AS x")
+    lsn = str(primary.value("SELECT pg_current_wal_lsn()"))
+    _wait_replayed(promoted, lsn)
+    _wait_replayed(follower, lsn)
+    primary.client.fence(reason="gone")
+    promoted.client.promote(reason="test")
+    assert follower.client.rejoin(promoted.address).method == "repoint"
+
+    promoted.sql("CREATE TABLE after_promotion AS SELECT 2 AS x")
+    _wait_replayed(follower, str(promoted.value("SELECT pg_current_wal_lsn()")))
+    assert follower.value("SELECT timeline_id FROM pg_control_checkpoint()") == 1
+    promoted.client.fence(reason="gone too")
+    follower.wait_until(lambda: follower.status().wal_receiver is None, "no receiver")
+
+    status = follower.status()
+    assert status.role == "replica" and status.timeline == 2
