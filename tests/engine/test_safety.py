@@ -321,7 +321,7 @@ def test_a_restarted_replica_that_under_reports_its_received_lsn_still_wins() ->
     assert _promotions(decide(spec, fenced, fence.status)) == ["pg-1"]
 
 
-def test_a_replica_whose_wal_position_is_unknown_is_never_ranked() -> None:
+def test_a_replica_whose_wal_position_is_unknown_is_never_counted() -> None:
     spec, view, status = settled(lsns={1: 1500, 2: 1200})
     unsure = replace(lost_primary(view.members[1]), held_lsn=None)
     dead = with_members(view, down(view.members[0]), unsure, lost_primary(view.members[2]))
@@ -330,6 +330,20 @@ def test_a_replica_whose_wal_position_is_unknown_is_never_ranked() -> None:
     fenced = with_members(later(dead, 6), replace(dead.members[0], fenced=True, stopped=True))
     decision = decide(spec, fenced, fence.status)
     assert not _promotions(decision), "pg-2 alone is no majority, and pg-1's position is unproven"
+
+
+def test_a_replica_whose_wal_end_is_unknown_still_ranks_by_the_wal_it_provably_received() -> None:
+    """Found by the model: pg-4 restarted just before the primary died; its WAL end is not known yet,
+    but it provably received WAL to 1500 while the others hold 1000. Its unknown end keeps it out of
+    the majority count (pg-1..pg-3 are a majority of five), never out of the ranking: promoting pg-1
+    would drop WAL a reachable member provably holds."""
+    spec, view, status = settled(make_spec(instances=5))
+    unsure = replace(lost_primary(view.members[4]), received_lsn=1500, replayed_lsn=1500, held_lsn=None)
+    dead = with_members(view, down(view.members[0]), *[lost_primary(m) for m in view.members[1:4]], unsure)
+    first = decide(spec, dead, status)
+    fence = decide(spec, later(dead, 6), first.status)
+    fenced = with_members(later(dead, 6), replace(dead.members[0], fenced=True, stopped=True))
+    assert _promotions(decide(spec, fenced, fence.status)) == ["pg-4"]
 
 
 # ---- 8. a vanished promotion target goes through failure confirmation ----------------------------

@@ -34,7 +34,7 @@ from pgherd.engine.view import MemberView, Role
 
 def reachable_replicas(ctx: Context, old: str | None) -> list[MemberView]:
     """Voters that can count for a failover: reachable replicas that report the WAL they provably hold
-    (a member whose position is uncertain is never ranked, and so never counted to cover an ack set).
+    (a member whose WAL end is uncertain is never counted to cover an ack set; see ``eligible``).
     The failed primary itself qualifies once it answers read-only (started again as a standby, or by
     Demote): it then holds every commit it acknowledged and cannot write."""
     return [m for m in ctx.voter_views() if m.reachable and m.role is Role.REPLICA and m.held_lsn is not None]
@@ -60,12 +60,21 @@ def eligible(ctx: Context, old: str | None) -> list[MemberView]:
     promotion) reports LSNs of another history. Every ack set of the failed primary streams from it, on
     its timeline, so a reachable majority that intersects the ack sets contains a member on that
     timeline, and the newest timeline among the reachable is the failed primary's whenever it matters.
+
+    A reachable voter whose WAL end is not known yet (restarted, replaying) is not counted, but it is
+    ranked by the WAL it provably received or replayed: when that beats every counted member, it holds
+    all they hold on that timeline, and promoting another would drop WAL a reachable member has.
     """
     replicas = reachable_replicas(ctx, old)
     if not replicas:
         return []
     newest = max(m.timeline or 0 for m in replicas)
-    return sorted((m for m in replicas if (m.timeline or 0) == newest), key=by_most_data)
+    unsure = [
+        m
+        for m in ctx.voter_views()
+        if m.reachable and m.role is Role.REPLICA and m.held_lsn is None and m.most_wal is not None
+    ]
+    return sorted((m for m in replicas + unsure if (m.timeline or 0) == newest), key=by_most_data)
 
 
 def standby_starts(ctx: Context) -> tuple[Action, ...]:

@@ -46,7 +46,8 @@ class MemberView:
     "shut down" / "shut down in recovery"); None when unknown.
     ``held_lsn``: the most WAL the member provably holds on its ``timeline`` (the end of the last valid
     record in its pg_wal, at least its received and replayed LSN); for a stopped member its final WAL
-    end. None when the adapter could not establish it: such a member is never ranked for promotion.
+    end. None when the adapter could not establish it: such a member never counts for a promotion's
+    majority, and ranks only by what it provably received or replayed.
     ``data_present``: False only when the platform positively knows the member's data is gone (volume
     lost, data directory missing or empty). Unreachability is never evidence of lost data.
     ``kept_aside``: how many replaced data directories are kept aside on the member's volume.
