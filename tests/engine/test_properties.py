@@ -717,13 +717,33 @@ class ClusterMachine(RuleBasedStateMachine):
         if heal:
             primary.partitioned = False
 
+    @precondition(lambda self: hasattr(self, "quorum") and not self.quorum)
+    @rule(rounds=st.integers(min_value=2, max_value=8), wipe=st.booleans())
+    def two_async_members_lose_the_primary(self, rounds: int, wipe: bool) -> None:
+        """Item 12: scaled to two async members, the primary's volume is lost (or it crashes): the
+        operator breaks the tie once the platform confirms it stopped; it never waits forever."""
+        if self._primary() is None:
+            return
+        self.spec = self.spec.model_copy(update={"instances": 2})
+        self._passes(rounds, 1)
+        primary = self._primary()
+        if primary is None or len(self.status.voters) != 2:
+            return
+        if wipe:
+            self.model.wipe(primary)
+        else:
+            self.model.crash(primary)
+        self._passes(rounds, 2)
+
     def _nothing_to_restore_from(self) -> bool:
         """QuorumLost is where a cluster rightly stays when the members whose data survives cannot
         form a majority, unless an automatic restore applies (policy RestoreFromBackup, a Completed
-        backup, and a majority's data gone): only a person can act."""
+        backup, and a majority's data gone): only a person can act. Two async members are the
+        exception: the operator breaks the tie, one surviving member is enough."""
         assert self.last is not None
         voters = self.status.voters
         lost = [n for n in voters if self.model.data_gone(n)]
+        needed = 1 if len(voters) == 2 and not self.quorum else majority(len(voters))
         completed = any(b.phase == "Completed" for b in self.model.backups.values())
         restores = (
             self.spec.recovery.on_quorum_loss.value == "RestoreFromBackup"
@@ -731,11 +751,7 @@ class ClusterMachine(RuleBasedStateMachine):
             and len(lost) >= majority(len(voters))
             and self.status.aborted is None
         )
-        return (
-            self.last.phase is Phase.QUORUM_LOST
-            and len(voters) - len(lost) < majority(len(voters))
-            and not restores
-        )
+        return self.last.phase is Phase.QUORUM_LOST and len(voters) - len(lost) < needed and not restores
 
     def teardown(self) -> None:
         """Liveness: with every fault healed, the cluster settles (Running, or Failed after an abort)."""
