@@ -1,0 +1,326 @@
+"""The emulated node (tests/kube/cluster_sim.py) against the emulated API server: StatefulSet pods
+that really run, get loopback IPs, become Ready through their probes, keep their PVC directories,
+are SIGTERMed on deletion; Jobs that succeed (termination message) and exhaust their backoffLimit;
+Secrets and ConfigMaps as env and files."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .cluster_sim import ClusterSim
+from .conftest import TOKEN
+from .emulator import EmulatedApiServer
+
+pytestmark = pytest.mark.kube_emulator(graceful_pod_deletion=True)
+
+# A pod's program: an HTTP server on $POD_IP:8080 answering /ready and /info (its env and files); on
+# SIGTERM it writes a marker into its data volume and exits.
+SERVER = r"""
+import http.server, json, os, signal, sys
+data = sys.argv[sys.argv.index("--data") + 1]
+def term(*_):
+    open(os.path.join(data, "terminated-" + os.environ["POD_NAME"]), "w").write("bye")
+    os._exit(0)
+signal.signal(signal.SIGTERM, term)
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path == "/info":
+            files = {}
+            for root in ("/etc/sim/secret", "/etc/sim/config"):
+                path = os.environ["FILES_" + root.rsplit("/", 1)[1].upper()]
+                files[root] = {n: open(os.path.join(path, n)).read() for n in sorted(os.listdir(path))}
+            body = json.dumps({"env": dict(os.environ), "files": files, "data": data, "uid": os.getuid()})
+        else:
+            body = "ok"
+        self.send_response(200); self.end_headers(); self.wfile.write(body.encode())
+    def log_message(self, *a): pass
+http.server.HTTPServer((os.environ["POD_IP"], 8080), H).serve_forever()
+"""
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def statefulset(name: str = "web", replicas: int = 2) -> dict[str, Any]:
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "replicas": replicas,
+            "serviceName": name,
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "OnDelete"},
+            "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain", "whenScaled": "Retain"},
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": {**labels, "tier": "web"}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 5,
+                    "containers": [
+                        {
+                            "name": "server",
+                            "image": "none",
+                            "command": ["python", "-c", SERVER],
+                            "args": ["--data", "/var/lib/data"],
+                            "ports": [{"name": "http", "containerPort": 8080}],
+                            "env": [
+                                {
+                                    "name": "POD_NAME",
+                                    "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+                                },
+                                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                                {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                                {
+                                    "name": "SECRET_TOKEN",
+                                    "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}},
+                                },
+                                {
+                                    "name": "GREETING",
+                                    "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "greeting"}},
+                                },
+                                {"name": "FILES_SECRET", "value": "/etc/sim/secret"},
+                                {"name": "FILES_CONFIG", "value": "/etc/sim/config"},
+                            ],
+                            "envFrom": [{"configMapRef": {"name": "settings"}, "prefix": "CM_"}],
+                            "readinessProbe": {
+                                "httpGet": {"path": "/ready", "port": "http"},
+                                "periodSeconds": 1,
+                                "failureThreshold": 1,
+                            },
+                            "volumeMounts": [
+                                {"name": "data", "mountPath": "/var/lib/data"},
+                                {"name": "secret", "mountPath": "/etc/sim/secret", "readOnly": True},
+                                {"name": "config", "mountPath": "/etc/sim/config", "readOnly": True},
+                                {"name": "tmp", "mountPath": "/tmp"},
+                            ],
+                        }
+                    ],
+                    "volumes": [
+                        {
+                            "name": "secret",
+                            "secret": {
+                                "secretName": "creds",
+                                "defaultMode": 0o440,
+                                "items": [{"key": "token", "path": "token.txt"}],
+                            },
+                        },
+                        {"name": "config", "configMap": {"name": "settings"}},
+                        {"name": "tmp", "emptyDir": {}},
+                    ],
+                },
+            },
+            "volumeClaimTemplates": [
+                {
+                    "metadata": {"name": "data", "labels": {"kind": "data"}},
+                    "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+                }
+            ],
+        },
+    }
+
+
+def job(name: str, script: str, backoff_limit: int = 0) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "backoffLimit": backoff_limit,
+            "activeDeadlineSeconds": 60,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "run",
+                            "image": "none",
+                            "command": ["python", "-c", script, "/dev/termination-log"],
+                            "terminationMessagePath": "/dev/termination-log",
+                            "terminationMessagePolicy": "FallbackToLogsOnError",
+                        }
+                    ],
+                }
+            },
+        },
+    }
+
+
+def wait_for(what: str, probe: Callable[[], Any], timeout: float = 20) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def ready_pod(server: EmulatedApiServer, name: str, not_uid: str | None = None) -> dict[str, Any] | None:
+    pod = server.read("pods", "default", name)
+    if pod is None or pod["metadata"]["uid"] == not_uid or pod["metadata"].get("deletionTimestamp"):
+        return None
+    conditions = {c["type"]: c["status"] for c in pod["status"].get("conditions") or ()}
+    return pod if conditions.get("Ready") == "True" else None
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+@pytest.fixture
+def sim(kube_server: EmulatedApiServer, work_root: Path) -> Iterator[ClusterSim]:
+    octets = uuid.uuid4().bytes
+    first_ip = f"127.{octets[0] % 250 + 1}.{octets[1]}.2"  # away from other workers' pods
+    with ClusterSim(
+        kube_server.url,
+        work_root / f"sim-{uuid.uuid4().hex[:8]}",
+        token=TOKEN,
+        first_ip=first_ip,
+        stop_grace=3,
+    ) as simulator:
+        yield simulator
+    assert not simulator.errors
+
+
+@pytest.fixture
+def objects(kube_server: EmulatedApiServer) -> None:
+    kube_server.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "creds"},
+            "data": {"token": b64("s3cr3t"), "other": b64("unused")},
+        }
+    )
+    kube_server.create(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "settings"},
+            "data": {"greeting": "hello"},
+        }
+    )
+
+
+def test_statefulset_pods_run_scale_and_survive_deletion(
+    kube_server: EmulatedApiServer, sim: ClusterSim, objects: None
+) -> None:
+    kube_server.create(statefulset(replicas=2))
+    pods = [wait_for(f"web-{i} Ready", lambda i=i: ready_pod(kube_server, f"web-{i}")) for i in range(2)]
+    ips = [pod["status"]["podIP"] for pod in pods]
+    assert len(set(ips)) == 2 and all(ip.startswith("127.") for ip in ips)
+    web0 = pods[0]
+    assert web0["spec"]["nodeName"] == "emulated"
+    assert web0["spec"]["hostname"] == "web-0" and web0["spec"]["subdomain"] == "web"
+    assert web0["metadata"]["labels"]["statefulset.kubernetes.io/pod-name"] == "web-0"
+    assert web0["metadata"]["labels"]["apps.kubernetes.io/pod-index"] == "0"
+    assert web0["metadata"]["labels"]["tier"] == "web"
+    assert web0["metadata"]["ownerReferences"][0]["kind"] == "StatefulSet"
+    status = web0["status"]["containerStatuses"][0]
+    assert status["ready"] and status["started"] and "running" in status["state"]
+    assert web0["status"]["phase"] == "Running"
+    pvc = kube_server.read("persistentvolumeclaims", "default", "data-web-0")
+    assert pvc is not None and pvc["metadata"]["labels"] == {"kind": "data", "app": "web"}
+    assert pvc["status"]["phase"] == "Bound"
+
+    # Env, files and the mapped paths reach the process, which runs as the unprivileged account.
+    info = get_json(f"http://{ips[0]}:8080/info")
+    env = info["env"]
+    assert env["POD_NAME"] == "web-0" and env["POD_IP"] == ips[0] and env["NODE"] == "emulated"
+    assert env["SECRET_TOKEN"] == "s3cr3t" and env["GREETING"] == "hello" and env["CM_greeting"] == "hello"
+    assert env["PATH"].startswith(str(sim.venv / "bin"))
+    assert info["files"] == {
+        "/etc/sim/secret": {"token.txt": "s3cr3t"},
+        "/etc/sim/config": {"greeting": "hello"},
+    }
+    assert info["data"] == str(sim.pvc_dir("default", "data-web-0"))
+    assert env["TMPDIR"].endswith("/volumes/tmp")
+    if sim.account is not None:
+        assert info["uid"] == sim.account.uid
+
+    wait_for(
+        "the StatefulSet's status",
+        lambda: (
+            (kube_server.read("statefulsets", "default", "web") or {}).get("status", {}).get("readyReplicas")
+            == 2
+        ),
+    )
+    sts = kube_server.read("statefulsets", "default", "web")
+    assert sts is not None and sts["status"]["currentRevision"] == sts["status"]["updateRevision"]
+
+    # Deleting a pod: SIGTERM (a marker on its volume), then the same pod name again, same volume.
+    data0 = sim.pvc_dir("default", "data-web-0")
+    (data0 / "kept").write_text("still here")
+    kube_server.remove("pods", "default", "web-0")
+    wait_for("the SIGTERM marker", lambda: (data0 / "terminated-web-0").exists())
+    again = wait_for("web-0 again", lambda: ready_pod(kube_server, "web-0", not_uid=web0["metadata"]["uid"]))
+    assert again["status"]["podIP"] not in ips  # a new IP: none is reused while the simulator runs
+    assert get_json(f"http://{again['status']['podIP']}:8080/info")["data"] == str(data0)
+    assert (data0 / "kept").read_text() == "still here"
+
+    # Scale down: the highest ordinal goes (SIGTERM), its PVC and directory stay.
+    kube_server.merge("statefulsets", "default", "web", {"spec": {"replicas": 1}})
+    wait_for("web-1 gone", lambda: kube_server.read("pods", "default", "web-1") is None)
+    data1 = sim.pvc_dir("default", "data-web-1")
+    assert (data1 / "terminated-web-1").exists()
+    assert kube_server.read("persistentvolumeclaims", "default", "data-web-1") is not None
+    assert kube_server.read("pods", "default", "web-0") is not None
+    wait_for(
+        "replicas 1",
+        lambda: (
+            (kube_server.read("statefulsets", "default", "web") or {}).get("status", {}).get("replicas") == 1
+        ),
+    )
+
+
+def test_jobs_succeed_with_a_message_and_fail_after_backoff_limit(
+    kube_server: EmulatedApiServer, sim: ClusterSim
+) -> None:
+    kube_server.create(job("ok", "import sys; open(sys.argv[1], 'w').write('{\"result\": 42}')"))
+    kube_server.create(job("bad", "import sys; print('boom: no way'); sys.exit(3)", backoff_limit=1))
+
+    def condition(name: str, kind: str) -> dict[str, Any] | None:
+        obj = kube_server.read("jobs", "default", name) or {}
+        return next((c for c in obj.get("status", {}).get("conditions") or () if c["type"] == kind), None)
+
+    wait_for("ok Complete", lambda: condition("ok", "Complete"))
+    status = kube_server.read("jobs", "default", "ok")["status"]  # type: ignore[index]
+    assert status["succeeded"] == 1 and status["active"] == 0
+    (pod,) = kube_server.items("pods", "default", label_selector="job-name=ok")
+    assert pod["status"]["phase"] == "Succeeded"
+    assert pod["metadata"]["labels"]["batch.kubernetes.io/job-name"] == "ok"
+    assert (
+        pod["metadata"]["labels"]["controller-uid"]
+        == kube_server.read("jobs", "default", "ok")["metadata"]["uid"]
+    )  # type: ignore[index]
+    terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert terminated["exitCode"] == 0 and json.loads(terminated["message"]) == {"result": 42}
+
+    failed = wait_for("bad Failed", lambda: condition("bad", "Failed"))
+    assert failed["reason"] == "BackoffLimitExceeded"
+    status = kube_server.read("jobs", "default", "bad")["status"]  # type: ignore[index]
+    assert status["failed"] == 2 and status.get("succeeded", 0) == 0
+    pods = kube_server.items("pods", "default", label_selector="job-name=bad")
+    assert len(pods) == 2 and {p["status"]["phase"] for p in pods} == {"Failed"}
+    terminated = pods[0]["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert terminated["exitCode"] == 3 and "boom: no way" in terminated["message"]
+
+    # Garbage collection: deleting the Job deletes its pods (through the kubelet's confirmation).
+    kube_server.remove("jobs", "default", "bad")
+    wait_for(
+        "bad's pods gone", lambda: not kube_server.items("pods", "default", label_selector="job-name=bad")
+    )
