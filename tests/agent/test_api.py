@@ -41,6 +41,7 @@ STATUS_KEYS = {
     "action",
     "actionProgress",
     "lastAction",
+    "startError",
 }
 
 # Every answer the tests received, checked for credentials at the end of the module.

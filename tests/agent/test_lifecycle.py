@@ -144,3 +144,26 @@ def _attempt(call: Callable[[], object]) -> object:
         return call()
     except AgentError as exc:
         return exc
+
+
+def test_postgresql_starts_with_syncfs_unless_a_parameter_says_otherwise(agents):
+    default = agents.primary(MEMBERS[0])
+    assert default.value("SHOW recovery_init_sync_method") == "syncfs"
+    told = agents.primary(MEMBERS[1], "--parameter", "recovery_init_sync_method=fsync")
+    assert told.value("SHOW recovery_init_sync_method") == "fsync"
+
+
+def test_a_failed_start_says_why_in_status_until_a_start_succeeds(agents):
+    primary = agents.primary(MEMBERS[0])
+    assert primary.status().start_error is None
+    primary.stop()
+    primary.start("--parameter", "shared_buffers=lots")  # startupz answers once the first start failed
+    status = primary.status()
+    assert status.postmaster in ("stopped", "crashed") and not status.fenced and status.data_present
+    assert status.start_error is not None and status.start_error.startswith("FATAL:")
+    assert "contains errors" in status.start_error and 'shared_buffers": "lots"' in status.start_error
+    assert primary.client.probe("healthz") == 500  # it should run and does not: the kubelet restarts it
+    primary.stop()
+    primary.start()
+    status = primary.status()
+    assert status.start_error is None and status.postmaster == "running"

@@ -102,7 +102,7 @@ def test_one_member_runs_on_its_agent_and_a_crashed_postgres_is_promoted_in_plac
     status = sandbox.status()
     primary = status["primary"]
     member = _member(status, primary)
-    assert member["agent"].startswith("https://127.0.0.1:")
+    assert member["agent"].startswith("https://127.0.0.1:") and member["startError"] is None
     # The credentials live in the sandbox directory, readable by their owner only.
     certs = sandbox.paths.root / "certs"
     assert stat.S_IMODE(certs.stat().st_mode) == 0o700

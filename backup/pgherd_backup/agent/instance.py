@@ -30,7 +30,13 @@ from pgherd_backup import __version__
 from pgherd_backup.agent.credentials import Credentials
 from pgherd_backup.agent.options import AgentOptions, read_parameters
 from pgherd_backup.agent.state import AgentState
-from pgherd_backup.agent.supervisor import PostmasterChild, PostmasterState, StartRefused, stop_children
+from pgherd_backup.agent.supervisor import (
+    PostmasterChild,
+    PostmasterState,
+    StartFailed,
+    StartRefused,
+    stop_children,
+)
 from pgherd_backup.agent.wire import ActionProgress
 from pgherd_backup.errors import BackupError, PostgresError
 from pgherd_backup.postgres.binaries import PgBinaries
@@ -152,11 +158,13 @@ class Instance:
             self.state.upstream = options.upstream
         self.agent_executable = agent_executable()
         self.wal = WalEndReader(self.bins)
+        self._major: int | None = None  # PostgreSQL's major version, asked once
         self.epoch = 0  # bumped by every fence and by the shutdown: orders given before may not start it
         self.terminating = False
         self.shutting_down = False
         self.last_error: str | None = None
         self.start_failed = False
+        self.start_error: str | None = None  # why the last start failed (its FATAL line); None once started
         self.action_name: str | None = None
         self.long_action: LongAction | None = None  # the action going on after its answer (restore)
         self.boot_done = threading.Event()
@@ -230,7 +238,8 @@ class Instance:
         """The member's pgherd-owned settings, and its parameters (the file is read again each time:
         a restart at a new revision takes the parameters of that revision)."""
         options = self.options
-        extra: dict[str, Setting] = {"cluster_name": options.member, **options.parameters}
+        extra: dict[str, Setting] = {"cluster_name": options.member, **self.default_parameters()}
+        extra.update(options.parameters)
         if options.parameters_file is not None:
             extra.update(read_parameters(options.parameters_file))
         command = (
@@ -243,6 +252,19 @@ class Instance:
             archive_command=command,
             extra=extra,
         )
+
+    def default_parameters(self) -> dict[str, Setting]:
+        """Parameters the agent sets unless the user's say otherwise: `recovery_init_sync_method =
+        syncfs` (PostgreSQL 14+, Linux): a crashed PostgreSQL otherwise fsyncs its data directory file by
+        file before its crash recovery, seconds on a big one; one syncfs() per file system is as durable."""
+        if self._major is None:
+            try:
+                self._major = self.bins.major
+            except BackupError:
+                self._major = 0
+        if sys.platform.startswith("linux") and self._major >= 14:
+            return {"recovery_init_sync_method": "syncfs"}
+        return {}
 
     def restore_command(self) -> str | None:
         if not self.options.store:
@@ -368,8 +390,11 @@ class Instance:
         except PostgresError as exc:
             self.start_failed = True
             self.last_error = self.credentials.redact(exc.message)
+            reason = exc.reason if isinstance(exc, StartFailed) and exc.reason else exc.message
+            self.start_error = self.credentials.redact(reason)
             raise
         self.start_failed = False
+        self.start_error = None
         if started:
             log.info(
                 "PostgreSQL runs as %s%s",
@@ -512,7 +537,11 @@ class Instance:
         except (BackupError, OSError) as exc:
             self.start_failed = True
             self.last_error = self.credentials.redact(str(exc))
-            log.error("the first start failed: %s", self.last_error)
+            if (
+                self.start_error is None
+            ):  # not PostgreSQL's own refusal (set by start): why it was not started
+                self.start_error = self.last_error
+            log.error("the first start failed: %s", self.start_error)
         finally:
             self.boot_done.set()
 
@@ -593,7 +622,7 @@ class Instance:
         if state is PostmasterState.CRASHED:
             return False, f"PostgreSQL crashed and is not running again yet ({self.last_error})"
         if self.start_failed and not self.postmaster.alive and self.action_name is None:
-            return False, f"PostgreSQL should run and does not: {self.last_error}"
+            return False, f"PostgreSQL should run and does not: {self.start_error or self.last_error}"
         return True, state.value
 
     def settings_snapshot(self) -> Mapping[str, Any]:

@@ -160,6 +160,7 @@ def gather(inst: Instance) -> Status:
         "crashes": state["crashes"],
         "last_crash_at": state["last_crash_at"],
         "last_error": inst.last_error,
+        "start_error": inst.start_error,
         "action": inst.action_name,
         "action_progress": long_action.wire() if long_action is not None else None,
         "last_action": _last_action(state["last_action"]),

@@ -59,19 +59,38 @@ def pid_file_status(pgdata: Path, pid: int) -> str | None:
 
 
 def last_fatal(path: Path, since: int = 0) -> str | None:
-    """The text of the last FATAL or PANIC line PostgreSQL wrote to its log after byte `since` (why it
-    stopped or did not start), without the line's prefix; None when there is none."""
+    """Why PostgreSQL stopped or did not start, from what it wrote to its log after byte `since`: its
+    last FATAL (or PANIC) line without the line's prefix, and for a configuration file "contains
+    errors" the parameters it complained about; None when there is no such line."""
     try:
         with path.open("rb") as handle:
             handle.seek(since)
-            text = handle.read().decode(errors="replace")
+            lines = handle.read().decode(errors="replace").splitlines()
     except OSError:
         return None
-    for line in reversed(text.splitlines()):
+    for index in range(len(lines) - 1, -1, -1):
         for level in ("PANIC:", "FATAL:"):
-            if level in line:
-                return f"{level} {line.split(level, 1)[1].strip()}"
+            if level not in lines[index]:
+                continue
+            reason = f"{level} {lines[index].split(level, 1)[1].strip()}"
+            if "contains errors" in reason:
+                details = [
+                    line.split("LOG:", 1)[1].strip()
+                    for line in lines[:index]
+                    if "LOG:" in line and "parameter" in line
+                ]
+                if details:
+                    reason += " (" + "; ".join(details[-3:]) + ")"
+            return reason
     return None
+
+
+class StartFailed(PostgresError):
+    """PostgreSQL exited while starting; `reason`: its last FATAL line (see last_fatal), if any."""
+
+    def __init__(self, message: str, reason: str | None) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def _log_tail(path: Path, lines: int = 6) -> str:
@@ -189,9 +208,11 @@ class PostmasterChild:
             if child.exited.is_set():
                 if child.asked_to_stop:
                     raise StartRefused("it was stopped while starting")
-                raise PostgresError(
-                    f"PostgreSQL exited while starting on {self.pgdata} (exit {child.proc.returncode}); "
-                    f"last log lines: {_log_tail(self.log_file)}"
+                reason = last_fatal(self.log_file, child.log_offset)
+                raise StartFailed(
+                    f"PostgreSQL exited while starting on {self.pgdata} (exit {child.proc.returncode}): "
+                    f"{reason or 'no FATAL line'}; last log lines: {_log_tail(self.log_file)}",
+                    reason,
                 )
             if pid_file_status(self.pgdata, child.proc.pid) in _ACCEPTING:
                 with self._lock:

@@ -68,8 +68,6 @@ FAST_SETTINGS: dict[str, Setting] = {
     "max_connections": "60",
     "fsync": "on",
     "log_line_prefix": "%m [%p] %q%a ",
-    # A crashed PostgreSQL otherwise fsyncs its data directory file by file before its crash recovery.
-    "recovery_init_sync_method": "syncfs",
 }
 # Settings the agent sets itself (its member name as cluster_name) besides those pgherd owns.
 _AGENT_SETTINGS = frozenset({"cluster_name"})

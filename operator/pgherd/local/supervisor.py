@@ -29,6 +29,7 @@ from pgherd.local.observe import Observation
 from pgherd.local.platform import LocalPlatform
 from pgherd.local.s3server import S3Server
 from pgherd.local.state import SandboxState
+from pgherd_backup.agent.wire import Status
 
 log = logging.getLogger("pgherd.sandbox")
 
@@ -228,6 +229,7 @@ class Supervisor:
                     "revision": member.revision,
                     "busy": self.platform.busy(name),
                     "agent": self.platform.agent_url(name),
+                    "startError": _start_error(self.platform.status(name)),
                 }
             )
         operation = decision.status.operation
@@ -256,6 +258,12 @@ class Supervisor:
             "supervisorPid": os.getpid(),
         }
         write_json(self.paths.status_file, status)
+
+
+def _start_error(status: Status | None) -> str | None:
+    """Why the member's PostgreSQL did not start (its agent's startError), shown instead of a bare
+    not-ready."""
+    return status.start_error if status is not None else None
 
 
 def _configure_logging(paths: SandboxPaths) -> None:
