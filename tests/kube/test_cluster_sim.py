@@ -324,3 +324,64 @@ def test_jobs_succeed_with_a_message_and_fail_after_backoff_limit(
     wait_for(
         "bad's pods gone", lambda: not kube_server.items("pods", "default", label_selector="job-name=bad")
     )
+
+
+def test_a_real_member_runs_the_agent_at_its_pod_ip(
+    kube_server: EmulatedApiServer, work_root: Path, tmp_path: Path
+) -> None:
+    """The builders' StatefulSet of a one-instance cluster: `pgherd instance run` answers the operator's
+    client over HTTPS at the pod IP, and an initdb seed makes it a primary that turns Ready."""
+    from pgherd.api.cluster import PostgresClusterSpec
+    from pgherd.engine.revision import spec_revision
+    from pgherd.kube import names
+    from pgherd.kube.builders import configmap, secrets
+    from pgherd.kube.builders import statefulset as sts_builder
+    from pgherd.kube.builders.common import ClusterRef
+    from pgherd_backup.agent.client import AgentClient
+
+    spec = PostgresClusterSpec.model_validate({"instances": 1, "parameters": {"shared_buffers": "16MB"}})
+    ref = ClusterRef("demo", "default", str(uuid.uuid4()), spec, "pgherd:test", spec_revision(spec))
+    operator_data = secrets.generate_operator_data(ref.name)
+    for manifest in (
+        secrets.superuser_secret(ref, secrets.generate_superuser_data()),
+        secrets.replication_secret(ref, secrets.generate_replication_data()),
+        secrets.app_secret(ref, secrets.generate_app_data(ref)),
+        secrets.operator_secret(ref, operator_data),
+        secrets.agent_secret(ref, secrets.generate_agent_data(ref.name, ref.namespace, operator_data)),
+        configmap.configmap(ref),
+        sts_builder.statefulset(ref),
+    ):
+        kube_server.create(manifest)
+    octets = uuid.uuid4().bytes
+    root = work_root / f"sim-{uuid.uuid4().hex[:8]}"
+    with ClusterSim(
+        kube_server.url,
+        root,
+        token=TOKEN,
+        first_ip=f"127.{octets[0] % 250 + 1}.{octets[1]}.2",
+        max_probe_period=1,
+        stop_grace=3,
+    ) as sim:
+        member = "demo-0"
+
+        def started() -> dict[str, Any] | None:
+            pod = kube_server.read("pods", "default", member)
+            statuses = (pod or {}).get("status", {}).get("containerStatuses") or [{}]
+            return pod if statuses[0].get("started") else None
+
+        pod = wait_for("the agent's startup probe", started, timeout=60)
+        ca = tmp_path / "ca.crt"
+        ca.write_text(operator_data[names.KEY_CA_CERT])
+        client = AgentClient(
+            f"https://{pod['status']['podIP']}:{names.AGENT_PORT}",
+            ca_file=ca,
+            token=operator_data[names.KEY_TOKEN],
+            server_hostname=secrets.agent_server_hostname(ref.name, member, ref.namespace),
+        )
+        status = client.status()
+        assert status.postmaster == "stopped"
+        client.seed("initdb", reason="a test")
+        wait_for("a primary", lambda: client.status().role == "primary", timeout=90)
+        wait_for("Ready", lambda: ready_pod(kube_server, member), timeout=30)
+        assert sim.pvc_dir("default", f"{names.VOLUME_DATA}-{member}").joinpath("data", "PG_VERSION").exists()
+    assert not sim.errors
