@@ -385,3 +385,47 @@ def test_a_real_member_runs_the_agent_at_its_pod_ip(
         wait_for("Ready", lambda: ready_pod(kube_server, member), timeout=30)
         assert sim.pvc_dir("default", f"{names.VOLUME_DATA}-{member}").joinpath("data", "PG_VERSION").exists()
     assert not sim.errors
+
+
+def test_restarts_liveness_and_sigkill_after_the_grace_period(
+    kube_server: EmulatedApiServer, sim: ClusterSim
+) -> None:
+    def pod(name: str, script: str, **container: Any) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "terminationGracePeriodSeconds": 1,
+                "containers": [
+                    {"name": "c", "image": "none", "command": ["python", "-c", script], **container}
+                ],
+            },
+        }
+
+    def status(name: str) -> dict[str, Any]:
+        found = kube_server.read("pods", "default", name) or {}
+        return ((found.get("status") or {}).get("containerStatuses") or [{}])[0]
+
+    # A crash under restartPolicy Always: restarted, restartCount and lastState kept.
+    kube_server.create(pod("crash", "import sys; print('crashing'); sys.exit(7)"))
+    wait_for("a restart", lambda: status("crash").get("restartCount", 0) >= 1)
+    assert status("crash")["lastState"]["terminated"]["exitCode"] == 7
+    # A liveness probe that fails (an exec probe) kills and restarts a running container.
+    kube_server.create(
+        pod(
+            "unhealthy",
+            "import time; time.sleep(600)",
+            livenessProbe={"exec": {"command": ["false"]}, "periodSeconds": 1, "failureThreshold": 2},
+        )
+    )
+    wait_for("a liveness restart", lambda: status("unhealthy").get("restartCount", 0) >= 1)
+    # A process that ignores SIGTERM is SIGKILLed after the grace period; the pod object then goes.
+    kube_server.create(
+        pod("stubborn", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)")
+    )
+    wait_for("running", lambda: "running" in status("stubborn").get("state", {}))
+    started = time.monotonic()
+    kube_server.remove("pods", "default", "stubborn")
+    wait_for("stubborn gone", lambda: kube_server.read("pods", "default", "stubborn") is None)
+    assert 0.9 < time.monotonic() - started < 6
