@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/failover_bench.py [--runs 5] [--systems pgherd,patroni-default,patroni-tuned]
                                              [--mode quorum|async] [--detection-seconds 3]
+                                             [--scenarios failover,crash,switchover]
 
 For each system: a 3-member cluster on this machine's PostgreSQL, one write loop (e2e/workload.py, the
 loop the e2e scenarios use) through a libpq multi-host read-write DSN, then
@@ -187,14 +188,23 @@ def _wait_for_new_primary(system: System, old: str | None, timeout: float) -> No
         time.sleep(0.1)
 
 
-def measure(system: System, runs: int, log: Callable[[str], None], result: Result) -> None:
+SCENARIOS = ("failover", "crash", "switchover")
+
+
+def measure(
+    system: System,
+    runs: int,
+    log: Callable[[str], None],
+    result: Result,
+    scenarios: tuple[str, ...] = SCENARIOS,
+) -> None:
     """Fill `result` as the runs go, so that a failure keeps the figures measured before it."""
     log(f"[{system.label}] starting a 3-member cluster")
     system.start()
     load = WriteLoad(system.rw_dsn, table=TABLE, pause=0.002).start()
     try:
         load.wait_for_acks(100)
-        for run in range(1, runs + 1):
+        for run in range(1, runs + 1 if "failover" in scenarios else 1):
             system.wait_healthy()
             time.sleep(1.0)
             old = system.primary()
@@ -215,7 +225,7 @@ def measure(system: System, runs: int, log: Callable[[str], None], result: Resul
                 f" on {now_primary}{'' if now_primary != old else ' (restarted in place: no failover)'}"
             )
             system.after_failover(old)
-        for run in range(1, runs + 1):
+        for run in range(1, runs + 1 if "crash" in scenarios else 1):
             system.wait_healthy()
             time.sleep(1.0)
             old = system.primary()
@@ -229,7 +239,7 @@ def measure(system: System, runs: int, log: Callable[[str], None], result: Resul
                 f"[{system.label}] crash {run}/{runs}: {old}'s PostgreSQL killed, writes back after"
                 f" {result.crashes[-1]:.2f} s on {system.primary()}"
             )
-        for run in range(1, runs + 1):
+        for run in range(1, runs + 1 if "switchover" in scenarios else 1):
             system.wait_healthy()
             time.sleep(1.0)
             old = system.primary()
@@ -305,7 +315,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--systems", default="pgherd,patroni-default,patroni-tuned")
     parser.add_argument("--mode", choices=("quorum", "async"), default="quorum")
     parser.add_argument("--detection-seconds", type=int, default=3, help="pgherd's failover.detectionSeconds")
+    parser.add_argument(
+        "--scenarios",
+        default=",".join(SCENARIOS),
+        help="which to measure, in this order: failover (kill the primary's member), crash (kill its"
+        " PostgreSQL alone), switchover (default: all)",
+    )
     args = parser.parse_args(argv)
+    scenarios = tuple(s.strip() for s in args.scenarios.split(",") if s.strip())
+    if not scenarios or set(scenarios) - set(SCENARIOS):
+        parser.error(f"--scenarios: choose among {', '.join(SCENARIOS)}")
 
     factories: dict[str, Callable[[], System]] = {
         "pgherd": lambda: PgherdSystem(args.mode, args.detection_seconds),
@@ -326,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         result = Result(label)
         results.append(result)
         try:
-            measure(system, args.runs, log, result)
+            measure(system, args.runs, log, result, scenarios)
         except Exception as exc:  # one system failing must not hide the others' figures
             log(f"[{label}] failed: {type(exc).__name__}: {exc}")
             result.errors.append(f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")

@@ -14,6 +14,7 @@ from local_helpers import LocalCluster
 
 from pgherd.engine import actions as act
 from pgherd.local.pods import kill_pod
+from pgherd_backup.postgres.walend import WalEndReader, newest_live_segment
 
 WRITE = "CREATE TABLE IF NOT EXISTS t (x int); INSERT INTO t SELECT generate_series(1, 20000)"
 
@@ -60,6 +61,15 @@ def test_a_cleanly_fenced_primary_reports_what_its_standby_received(
     view = cluster.member(primary)
     assert view.received_lsn == view.held_lsn == received
     assert view.stopped and view.shutdown_clean is True
+    # The agent read only the shutdown checkpoint record (pg_control names it): the same end as a scan
+    # of the whole segment finds.
+    pgdata = cluster.paths.member_data(primary)
+    reader = WalEndReader()
+    assert reader.control(pgdata) is not None and reader.control(pgdata).state == "shut down"  # type: ignore[union-attr]
+    newest = newest_live_segment(pgdata / "pg_wal")
+    assert newest is not None and reader._scan(newest) == reader.end(pgdata)
+    assert reader._after_clean_shutdown(pgdata, newest) == reader.end(pgdata)
+    assert reader.end(pgdata) is not None and reader.end(pgdata).lsn == received  # type: ignore[union-attr]
 
 
 def test_a_restarted_replica_reports_the_wal_it_holds(local_cluster: Callable[..., LocalCluster]) -> None:
@@ -103,3 +113,11 @@ def test_a_restarted_replica_reports_the_wal_it_holds(local_cluster: Callable[..
     assert view.reachable and not view.wal_receiver_streaming
     assert view.held_lsn is not None and view.held_lsn >= held_before
     assert view.most_wal is not None and view.most_wal >= held_before
+    # The agent read its pg_wal from where it replayed to, not from the segment's start: the same end.
+    pgdata = cluster.paths.member_data(replica)
+    replayed_now = cluster.lsn(replica, "SELECT pg_last_wal_replay_lsn()")
+    newest = newest_live_segment(pgdata / "pg_wal")
+    assert newest is not None and replayed_now is not None
+    reader = WalEndReader()
+    assert reader._scan_from(newest, replayed_now) == reader._scan(newest) == reader.end(pgdata)
+    assert reader.end(pgdata) is not None and reader.end(pgdata).lsn == view.held_lsn  # type: ignore[union-attr]

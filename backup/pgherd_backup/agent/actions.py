@@ -71,12 +71,19 @@ def promote(inst: Instance, request: PromoteRequest) -> ActionResult:
         if inst.wait_accepting(inst.options.start_timeout) == "replica":
             inst.check(token, may_start_fenced=True)
             with inst.connect(timeout=2, statement_timeout=PROMOTE_WAIT + 5) as conn:
-                row = conn.execute("SELECT pg_promote(true, %s)", (PROMOTE_WAIT,)).fetchone()
-            if not row or not row[0]:
-                raise PostgresError(
-                    f"the promotion of {inst.options.member} did not finish within {PROMOTE_WAIT}s: "
-                    f"see the PostgreSQL log {inst.options.log_file}"
-                )
+                # pg_promote(wait => true) looks every 100 ms; a switchover's write outage includes this
+                # wait: the end of recovery is looked at every 5 ms instead.
+                conn.execute("SELECT pg_promote(false)")
+
+                def promoted() -> bool:
+                    row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+                    return row is not None and not row[0]
+
+                if not _wait(promoted, PROMOTE_WAIT, every=0.005):
+                    raise PostgresError(
+                        f"the promotion of {inst.options.member} did not finish within {PROMOTE_WAIT}s: "
+                        f"see the PostgreSQL log {inst.options.log_file}"
+                    )
             changed = True
         inst.record(token, fenced=False, demoted=False, upstream=None, role_at_fence=None)
         update_pgherd_conf(inst.pgdata, {"primary_conninfo": None, "primary_slot_name": None})
@@ -185,12 +192,12 @@ def _repoint(inst: Instance, upstream: str) -> None:
         conn.execute("SELECT pg_reload_conf()")
 
 
-def _wait(predicate: Callable[[], bool], timeout: float) -> bool:
+def _wait(predicate: Callable[[], bool], timeout: float, every: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return True
-        time.sleep(0.2)
+        time.sleep(every)
     return predicate()
 
 
@@ -327,7 +334,8 @@ def set_sync(inst: Instance, request: SetSyncRequest) -> ActionResult:
                 sql.SQL("ALTER SYSTEM SET synchronous_standby_names = {}").format(sql.Literal(request.value))
             )
             conn.execute("SELECT pg_reload_conf()")
-            if not _wait(in_force, SYNC_APPLY_WAIT):
+            # Polled closely: a switchover promotes only once this answers, inside its write outage.
+            if not _wait(in_force, SYNC_APPLY_WAIT, every=0.005):
                 raise PostgresError(
                     f"synchronous_standby_names is not in force {SYNC_APPLY_WAIT:.0f}s after the reload"
                 )

@@ -421,13 +421,13 @@ class Instance:
                 write_standby_config(self.pgdata, "")
                 update_pgherd_conf(self.pgdata, {"restore_command": None, "primary_conninfo": None})
 
-    def stop(self, *, checkpoint: bool) -> None:
+    def stop(self, *, checkpoint: bool, role: str | None = None) -> None:
         """CHECKPOINT first when asked and it is a primary (the shutdown checkpoint then has little left
-        to write), then fast shutdown, immediate after --stop-timeout."""
+        to write), then fast shutdown, immediate after --stop-timeout. `role`: as just read, if it was."""
         if not self.postmaster.alive:
             return
         running = self.postmaster.state is PostmasterState.RUNNING  # not starting: it would not answer
-        if checkpoint and running and self.role() == "primary":
+        if checkpoint and running and (role or self.role()) == "primary":
             try:
                 with self.connect(timeout=1, statement_timeout=self.options.stop_timeout) as conn:
                     conn.execute("CHECKPOINT")
@@ -480,7 +480,7 @@ class Instance:
                 # The role it had before any fence: a demoted member runs read-only, but Unfence resumes
                 # what it was before the first fence (a switchover abandoned).
                 self.record(role_at_fence=role or self.role_on_disk())
-            self.stop(checkpoint=role == "primary")
+            self.stop(checkpoint=role == "primary", role=role)
             return not was_fenced or was_demoted, running
 
     # -- crashes ---------------------------------------------------------------------------------------

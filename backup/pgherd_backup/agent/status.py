@@ -15,8 +15,6 @@ import psycopg
 from pgherd_backup.agent.instance import VERSION, Instance, describe_upstream
 from pgherd_backup.agent.supervisor import PostmasterState
 from pgherd_backup.agent.wire import ActionOutcome, Status, WalReceiver, WireError, format_lsn, parse_lsn
-from pgherd_backup.errors import BackupError
-from pgherd_backup.postgres.control import read_controldata
 
 _QUERY = """
 SELECT pg_is_in_recovery(),
@@ -172,7 +170,7 @@ def gather(inst: Instance) -> Status:
         if live.in_recovery and not live.streaming and live.timeline is not None:
             # Not streaming (restarted, or the upstream is gone): what it received says little; the valid
             # WAL in its pg_wal says what it has.
-            end = inst.wal.end(inst.pgdata, live.timeline)
+            end = inst.wal.end(inst.pgdata, live.timeline, known=live.replayed)
             if end is not None:
                 held = max(held or 0, end.lsn)
         if not live.in_recovery:
@@ -209,9 +207,8 @@ def _last_action(raw: Any) -> ActionOutcome | None:
 
 def _stopped(inst: Instance) -> dict[str, Any]:
     """A stopped member: where its WAL ends and how it shut down (its final state, for a fence)."""
-    try:
-        control = read_controldata(inst.pgdata, inst.bins)
-    except BackupError:
+    control = inst.wal.control(inst.pgdata)  # kept until pg_control changes: no fork per observation
+    if control is None:
         return {}
     end = inst.wal.end(inst.pgdata)
     final = _fmt(end.lsn) if end is not None else None

@@ -10,6 +10,7 @@ received.
 pg_waldump judges validity exactly as recovery does (CRC, back-links, page headers). Only the newest
 segment written at its own position is read (recycled segments carry an older address in their first
 page header): tens of milliseconds, and `WalEndReader` keeps the answer until that segment changes.
+After a primary's clean shutdown only its shutdown checkpoint record is read (pg_control names it).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from pgherd_backup.errors import PostgresError
 from pgherd_backup.postgres.binaries import PgBinaries
-from pgherd_backup.postgres.control import read_controldata
+from pgherd_backup.postgres.control import ControlData, read_controldata
 from pgherd_backup.postgres.process import pg_run
 from pgherd_backup.walnames import Segment, format_lsn, is_segment, parse_lsn
 
@@ -146,11 +147,14 @@ class WalEndReader:
     def __init__(self, bins: PgBinaries | None = None) -> None:
         self.bins = bins or PgBinaries.find()
         self._ends: dict[tuple[str, int, int], WalEnd | None] = {}
-        self._clean: dict[tuple[str, int, int], bool | None] = {}
+        self._controls: dict[tuple[str, int, int], ControlData | None] = {}
 
-    def end(self, pgdata: Path | str, timeline: int | None = None) -> WalEnd | None:
+    def end(
+        self, pgdata: Path | str, timeline: int | None = None, *, known: int | None = None
+    ) -> WalEnd | None:
         """The end of the last valid record on `timeline` (default: the newest timeline with WAL),
-        or None when it cannot be established."""
+        or None when it cannot be established. `known`: a position valid WAL reaches on it (where a
+        running replica replayed to): read from there, not from the start of the segment."""
         newest = newest_live_segment(Path(pgdata) / "pg_wal", timeline)
         if newest is None:
             return None
@@ -162,26 +166,76 @@ class WalEndReader:
         if key not in self._ends:
             if len(self._ends) > 256:
                 self._ends.clear()
-            self._ends[key] = self._scan(newest)
+            self._ends[key] = (
+                self._after_clean_shutdown(pgdata, newest)
+                or self._scan_from(newest, known)
+                or self._scan(newest)
+            )
         return self._ends[key]
+
+    def _scan_from(self, segment: LiveSegment, known: int | None) -> WalEnd | None:
+        """The end of valid WAL read from `known` on (within the segment), or None to scan it whole."""
+        if known is None or not segment.start < known < segment.start + segment.segment_size:
+            return None
+        quiet = self._waldump(segment, known, "--quiet")
+        if quiet is None:
+            return None
+        if _NOTHING_VALID in quiet.stderr:
+            return WalEnd(segment.timeline, known)  # nothing valid after what is known to be
+        found = _LAST_VALID.search(quiet.stderr)
+        if found is None or parse_lsn(found.group(1)) < known:
+            return None
+        listed = self._waldump(segment, parse_lsn(found.group(1)), "--limit=1")
+        record = None if listed is None else _parse_record(listed.stdout.split("\n", 1)[0])
+        if record is None:
+            return None
+        end = record_end(record, segment_size=segment.segment_size, block_size=segment.block_size)
+        return WalEnd(segment.timeline, max(end, known))
+
+    def _after_clean_shutdown(self, pgdata: Path | str, newest: LiveSegment) -> WalEnd | None:
+        """A primary shut down cleanly wrote its shutdown checkpoint record last: its WAL ends where
+        that record ends, read alone (a fence's answer and the switchover after it wait for this)
+        instead of scanning the segment from its start. None when that does not hold."""
+        control = self.control(pgdata)
+        if control is None or control.state != "shut down" or control.timeline != newest.timeline:
+            return None
+        try:
+            checkpoint = parse_lsn(control.checkpoint_lsn)
+        except ValueError:
+            return None
+        if not newest.start <= checkpoint < newest.start + newest.segment_size:
+            return None
+        listed = self._waldump(newest, checkpoint, "--limit=1")
+        line = listed.stdout.split("\n", 1)[0] if listed is not None else ""
+        record = _parse_record(line)
+        if record is None or record.lsn != checkpoint or "desc: CHECKPOINT_SHUTDOWN" not in line:
+            return None
+        end = record_end(record, segment_size=newest.segment_size, block_size=newest.block_size)
+        return WalEnd(newest.timeline, end)
 
     def shutdown_clean(self, pgdata: Path | str) -> bool | None:
         """pg_control's cluster state is "shut down" (in recovery or not); None when unreadable.
         Meaningful only while PostgreSQL is stopped."""
+        control = self.control(pgdata)
+        return None if control is None else control.cleanly_shut_down
+
+    def control(self, pgdata: Path | str) -> ControlData | None:
+        """pg_controldata of a data directory, kept until pg_control changes; None when unreadable.
+        Meaningful only while PostgreSQL is stopped (a running server rewrites it)."""
         control = Path(pgdata) / "global" / "pg_control"
         try:
             stat = control.stat()
         except OSError:
             return None
         key = (str(control), stat.st_size, stat.st_mtime_ns)
-        if key not in self._clean:
-            if len(self._clean) > 256:
-                self._clean.clear()
+        if key not in self._controls:
+            if len(self._controls) > 256:
+                self._controls.clear()
             try:
-                self._clean[key] = read_controldata(pgdata, self.bins).cleanly_shut_down
+                self._controls[key] = read_controldata(pgdata, self.bins)
             except PostgresError:
-                self._clean[key] = None
-        return self._clean[key]
+                self._controls[key] = None
+        return self._controls[key]
 
     def _scan(self, newest: LiveSegment) -> WalEnd | None:
         # The newest segment may hold nothing but the start of a record that never ended: then the end

@@ -95,6 +95,7 @@ class Pods:
         self.state = state
         self.credentials = credentials
         self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self._clients: dict[tuple[str, int], AgentClient] = {}
 
     # -- where things are ------------------------------------------------------------------------------
     def pid_file(self, name: str) -> Path:
@@ -110,14 +111,19 @@ class Pods:
         return f"https://127.0.0.1:{self.state.agent_port_of(ordinal)}"
 
     def client(self, name: str, ordinal: int) -> AgentClient:
-        # Connecting by IP: the certificate is checked against the member's name.
-        return AgentClient(
-            self.url(ordinal),
-            ca_file=self.credentials.ca,
-            token=self.credentials.token,
-            server_hostname=name,
-            action_timeout=60.0,
-        )
+        """The member's agent client, made once (its TLS context loads the CA; each call connects)."""
+        key = (name, ordinal)
+        client = self._clients.get(key)
+        if client is None:
+            # Connecting by IP: the certificate is checked against the member's name.
+            client = self._clients[key] = AgentClient(
+                self.url(ordinal),
+                ca_file=self.credentials.ca,
+                token=self.credentials.token,
+                server_hostname=name,
+                action_timeout=60.0,
+            )
+        return client
 
     # -- the pod's life ---------------------------------------------------------------------------------
     def command(self, name: str, ordinal: int, revision: str | None, extra: Sequence[str]) -> list[str]:
