@@ -12,6 +12,8 @@ engine's inputs mean the same thing everywhere. The rules, and why:
 - ``received_lsn`` of a fenced, stopped member: its final WAL end (the switchover compares it).
 - ``upstream``: the member the WAL receiver streams from, resolved by the platform from host:port.
 - Unknown is None, never a guess.
+- A restore (the engine's restore job) is the agent's own action, followed in its /status
+  (``restore_job_view``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from pgherd.engine.quorum import SyncConfig
-from pgherd.engine.view import MemberView, Role
+from pgherd.engine.view import JobKind, JobState, JobView, MemberView, Role
 from pgherd_backup.agent.client import AgentClient, AgentError
 from pgherd_backup.agent.wire import Status, lsn_value
 
@@ -31,6 +33,7 @@ __all__ = [
     "member_view",
     "parse_sync_standby_names",
     "port_resolver",
+    "restore_job_view",
 ]
 
 # Observation must never wait on one slow member: a dead primary is noticed within this bound.
@@ -121,6 +124,34 @@ def member_view(
         held_lsn=lsn_value(status.held_lsn),
         kept_aside=len(status.kept_aside),
         terminating=status.terminating,
+    )
+
+
+def restore_job_view(name: str, member: str, status: Status | None, last_stage: str = "restoring") -> JobView:
+    """The engine's restore job `name`, carried out by `member`'s agent (`POST /actions/restore` with
+    `requestId` = `name`), as its /status tells it: running, in its stage (`restoring`, `replaying`),
+    while `action` is that restore, or while the agent does not answer (`last_stage`: as last seen);
+    succeeded, with the new timeline, or failed, with its error, once `lastAction` names it; failed
+    when the agent answers with no record of it (its volume or its state was lost)."""
+    if status is None:
+        return JobView(JobKind.RESTORE, name, JobState.RUNNING, member, last_stage)
+    progress = status.action_progress
+    if status.action == "restore" and progress is not None and progress.request_id == name:
+        return JobView(JobKind.RESTORE, name, JobState.RUNNING, member, progress.stage or last_stage)
+    last = status.last_action
+    if last is not None and last.name == "restore" and last.request_id == name:
+        if last.ok:
+            return JobView(
+                JobKind.RESTORE, name, JobState.SUCCEEDED, member, "replaying", timeline=last.timeline
+            )
+        return JobView(JobKind.RESTORE, name, JobState.FAILED, member, last_stage, last.error or "failed")
+    return JobView(
+        JobKind.RESTORE,
+        name,
+        JobState.FAILED,
+        member,
+        last_stage,
+        f"the agent of {member} has no record of restore {name} (was its volume lost?)",
     )
 
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from pgherd.agentview import fetch_statuses, member_view, port_resolver
+from pgherd.agentview import fetch_statuses, member_view, port_resolver, restore_job_view
 from pgherd.engine.quorum import SyncConfig
-from pgherd.engine.view import Role
+from pgherd.engine.view import JobKind, JobState, Role
 from pgherd_backup.agent.client import AgentClient
-from pgherd_backup.agent.wire import Status, WalReceiver
+from pgherd_backup.agent.wire import ActionOutcome, ActionProgress, Status, WalReceiver
 
 RESOLVE = port_resolver({5432: "c-0", 5433: "c-1", 5434: "c-2"})
 
@@ -190,3 +190,33 @@ def test_statuses_are_fetched_in_parallel_and_a_slow_agent_is_unknown(
     assert statuses["c-0"].role == "replica"
     assert statuses["c-2"] is None and statuses["c-3"] is None
     assert fetch_statuses({}) == {}
+
+
+def test_a_restore_in_progress_is_a_running_job_in_its_stage() -> None:
+    progress = ActionProgress("restore", "replaying", "r1", "20250101T000000Z", None, 99, 99)
+    status = _status(postmaster="running", role="replica", action="restore", action_progress=progress)
+    view = restore_job_view("r1", "c-0", status)
+    assert (view.kind, view.name, view.state, view.member, view.stage) == (
+        JobKind.RESTORE,
+        "r1",
+        JobState.RUNNING,
+        "c-0",
+        "replaying",
+    )
+    # Another restore in progress is not this one; an agent that does not answer: as last seen.
+    other = _status(action="restore", action_progress=ActionProgress("restore", "restoring", "r0"))
+    assert restore_job_view("r1", "c-0", other).state is JobState.FAILED
+    assert restore_job_view("r1", "c-0", None, "replaying").stage == "replaying"
+    assert restore_job_view("r1", "c-0", None).state is JobState.RUNNING
+
+
+def test_a_finished_restore_is_its_last_action() -> None:
+    done = _status(role="primary", last_action=ActionOutcome("restore", True, "r1", timeline=3))
+    view = restore_job_view("r1", "c-0", done)
+    assert view.state is JobState.SUCCEEDED and view.timeline == 3
+    failed = _status(last_action=ActionOutcome("restore", False, "r1", error="no snapshot 'x'"))
+    view = restore_job_view("r1", "c-0", failed, "restoring")
+    assert view.state is JobState.FAILED and view.message == "no snapshot 'x'"
+    # The agent answers but knows nothing of it (its state was lost): failed, saying so.
+    forgotten = restore_job_view("r1", "c-0", _status(last_action=ActionOutcome("restore", True, "r0")))
+    assert forgotten.state is JobState.FAILED and "no record of restore r1" in forgotten.message

@@ -16,6 +16,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from pgherd.agentview import restore_job_view
 from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.engine import actions as act
 from pgherd.engine.view import BackupView, JobKind, JobState, JobView, RestoreView
@@ -115,33 +116,15 @@ class Backups:
         ]
 
     def _restore_view(self, job: Job) -> JobView:
-        """A restore as its agent tells it: in progress (its stage), or how it ended (lastAction)."""
+        """A restore as its agent tells it (pgherd.agentview.restore_job_view)."""
         member = job.meta.get("member")
         if job.rc is not None or not member:
             return self.jobs.view(job)  # failed before it reached the agent
-        status = self.members.status(member)
         stage = self._restore_stages.get(job.name, "restoring")
-        if status is None:  # no answer now: as it was last seen
-            return JobView(JobKind.RESTORE, job.name, JobState.RUNNING, member, stage)
-        progress = status.action_progress
-        if status.action == "restore" and progress is not None and progress.request_id == job.name:
-            stage = self._restore_stages[job.name] = progress.stage or stage
-            return JobView(JobKind.RESTORE, job.name, JobState.RUNNING, member, stage)
-        last = status.last_action
-        if last is not None and last.name == "restore" and last.request_id == job.name:
-            if last.ok:
-                return JobView(
-                    JobKind.RESTORE, job.name, JobState.SUCCEEDED, member, "replaying", timeline=last.timeline
-                )
-            return JobView(JobKind.RESTORE, job.name, JobState.FAILED, member, stage, last.error or "failed")
-        return JobView(
-            JobKind.RESTORE,
-            job.name,
-            JobState.FAILED,
-            member,
-            stage,
-            f"the agent of {member} has no record of restore {job.name} (was its volume lost?)",
-        )
+        view = restore_job_view(job.name, member, self.members.status(member), stage)
+        if view.state is JobState.RUNNING and view.stage:
+            self._restore_stages[job.name] = view.stage
+        return view
 
     # --- the engine's actions ----------------------------------------------------------------------------
     def _do_StartSnapshot(self, action: act.StartSnapshot, spec: PostgresClusterSpec) -> None:
