@@ -7,7 +7,10 @@ seed, stopping at the first failure without shrinking it). A mutant is *found* w
 the assertion that caught it and the time taken.
 
     .venv/bin/python bench/engine_mutants.py                       # every mutant, seeds 1 and 2
-    .venv/bin/python bench/engine_mutants.py --only votes --seeds 1 2 3 --jobs 2
+    .venv/bin/python bench/engine_mutants.py --only instant-votes --seeds 1 2 3
+
+A control row (``--control``) runs the same search on the unmutated engine first: a mutant's "found"
+means something only when the control passes at that seed.
 
 Mutants that only a scripted scenario can reach (liveness of a two-member cluster, for example) are
 listed with ``scripted`` and their regression test in tests/engine/test_safety.py.
@@ -148,6 +151,9 @@ MUTANTS = (
 )
 
 
+CONTROL = Mutant("(control: no mutant)", "-", f"{ENGINE}/decide.py", "", "")
+
+
 def _tree(mutant: Mutant) -> Path:
     scratch = Path(tempfile.mkdtemp(prefix=f"pgherd-mutant-{mutant.name}-"))
     for part in ("operator", "backup", "tests", "pyproject.toml"):
@@ -156,6 +162,8 @@ def _tree(mutant: Mutant) -> Path:
             shutil.copytree(source, scratch / part, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(source, scratch / part)
+    if mutant is CONTROL:
+        return scratch
     target = scratch / mutant.path
     text = target.read_text()
     if text.count(mutant.old) != 1:
@@ -185,6 +193,8 @@ def run(mutant: Mutant, seed: int, profile: str) -> tuple[str, float, str]:
         shutil.rmtree(scratch, ignore_errors=True)
     caught = re.findall(r"(?:AssertionError|InvariantError): ([^\n]{0,110})", result.stdout)
     verdict = "found" if result.returncode == 1 else ("missed" if result.returncode == 0 else "error")
+    if mutant is CONTROL:
+        verdict = {"found": "FAILS", "missed": "passes"}.get(verdict, verdict)
     return verdict, elapsed, (caught[0] if caught else result.stdout.strip().splitlines()[-1][:110])
 
 
@@ -193,9 +203,12 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", help="mutant names")
     parser.add_argument("--seeds", nargs="*", type=int, default=[1, 2])
     parser.add_argument("--profile", default="hunt")
-    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--control", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args()
     chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
+    if args.control:
+        chosen.insert(0, CONTROL)
     work = [(m, seed) for m in chosen for seed in args.seeds]
     print("| mutant | item | seed | search | time s | caught by |\n| --- | --- | ---: | --- | ---: | --- |")
     with ThreadPoolExecutor(args.jobs) as pool:

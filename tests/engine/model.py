@@ -140,7 +140,9 @@ class ModelCluster:
                 node.unsettled = False
                 node.receive_start = None
             seen = self.reachable(node)
-            stopped = not node.running and not node.isolated  # the platform sees the process gone
+            # The platform sees the process gone and nothing about to start it: a member in the middle
+            # of a RestartMember is not stopped (agentview: an action that may start it is running).
+            stopped = not node.running and not node.isolated and node.restarting_to is None
             clean = node.shutdown_clean if stopped else None
             replayed: int | None = None
             if seen:

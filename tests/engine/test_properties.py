@@ -62,6 +62,7 @@ class ClusterMachine(RuleBasedStateMachine):
         self.observations = 0
         self.last_truth: tuple[int, dict[str, tuple[str | None, bool, bool]]] = (0, {})
         self.decided: list[tuple[int, dict[str, tuple[str | None, bool, bool]]]] = []
+        self.cut_before_set_primary = False  # the next pass that re-points the rw endpoint crashes first
         # An aborted operation's old primary, owed a writable primary within a few full fresh passes.
         self.owed: tuple[str, int] | None = None
         for step in range(40):  # bring the cluster up, faults come later
@@ -122,6 +123,10 @@ class ClusterMachine(RuleBasedStateMachine):
         self.last = decision
         self._clear_switchover_request(view, decision)
         count = len(decision.actions) if apply_all else min(applied, len(decision.actions))
+        handover = [i for i, a in enumerate(decision.actions) if isinstance(a, A.SetPrimary)]
+        if self.cut_before_set_primary and handover:
+            self.cut_before_set_primary = False
+            count = min(count, handover[0])  # the operator crashes right before re-pointing
         chosen = [(self.spec, view, before, decision, action) for action in decision.actions[:count]]
         if late and not apply_all:
             self.pending = chosen
@@ -560,10 +565,22 @@ class ClusterMachine(RuleBasedStateMachine):
         count=st.integers(min_value=1, max_value=3),
         rounds=st.integers(min_value=3, max_value=10),
         fault=st.sampled_from(["crash", "isolate", "none"]),
+        grow=st.booleans(),
     )
-    def commits_on_leavers_then_scale_down(self, drop: int, count: int, rounds: int, fault: str) -> None:
+    def commits_on_leavers_then_scale_down(
+        self, drop: int, count: int, rounds: int, fault: str, grow: bool = False
+    ) -> None:
         """Item 1: commits acknowledged only by the members a scale-down then removes, the others
-        lagging; the voters shrink by several members, then the primary fails."""
+        lagging; the voters shrink by several members, then the primary fails. (``grow``: scaled up to
+        five members first, all of them voters.)"""
+        if grow and self._primary() is not None and self.spec.instances < 5:
+            self.spec = self.spec.model_copy(update={"instances": 5})
+            for _ in range(30):
+                self.model.tick(1)
+                self.model.catch_up_all()
+                self._operator_step(apply_all=True)
+                if len(self.status.voters) == 5 and self.status.sync_pending is None:
+                    break
         primary = self._primary()
         instances = self.spec.instances
         if primary is None or instances < 4:
@@ -669,8 +686,22 @@ class ClusterMachine(RuleBasedStateMachine):
         primary = self._primary()
         if primary is None:
             return
-        self.new_image()
         primary.stop_hangs = how == "killed"
+        if self._rollout_to("switchover-fence") and how == "target-lost":
+            operation = self.status.operation
+            target = self.model.nodes.get(str(operation.target)) if operation is not None else None
+            if target is not None:
+                self.model.crash(target)
+        for _ in range(after):
+            self.model.tick(0.5 if how == "killed" else 10)
+            self.model.land_fences()
+            self._operator_step(apply_all=True)
+        primary.stop_hangs = False
+
+    def _rollout_to(self, step: str) -> bool:
+        """A new image, and the rollout driven (restarts completing, replicas streaming) until it
+        reaches ``step``: True when it did."""
+        self.new_image()
         for _ in range(60):
             self.model.tick(1)
             self.model.complete_restarts()
@@ -678,17 +709,83 @@ class ClusterMachine(RuleBasedStateMachine):
             self._operator_step(apply_all=True)
             operation = self.status.operation
             if operation is None or operation.kind is not OperationKind.ROLLOUT:
+                return False
+            if operation.step == step:
+                return True
+        return False
+
+    @precondition(
+        lambda self: (
+            hasattr(self, "spec")
+            and (
+                self.spec.upgrade.primary_update_method is PrimaryUpdateMethod.RESTART
+                or self.spec.instances == 1
+            )
+        )
+    )
+    @rule(
+        down=st.sampled_from([4, 8, 15, 30, 150]),
+        step=st.sampled_from([0.5, 1, 2, 5]),
+    )
+    def planned_primary_restart_takes_long(self, down: int, step: float) -> None:
+        """Item 5: a rolling update restarts the primary in place and it stays down for a while: its
+        replicas lose it and vote, but a planned restart is no failure (past its bound, it is)."""
+        if self._primary() is None or not self._rollout_to("restart-primary"):
+            return
+        waited = 0.0
+        while waited < down:
+            self.model.tick(step)
+            waited += step
+            self._operator_step(apply_all=True)
+        self.model.complete_restarts()
+
+    @precondition(
+        lambda self: (
+            hasattr(self, "model") and any(b.phase == "Completed" for b in self.model.backups.values())
+        )
+    )
+    @rule(smaller=st.integers(min_value=1, max_value=4), rounds=st.integers(min_value=4, max_value=12))
+    def restore_then_scale_down(self, smaller: int, rounds: int) -> None:
+        """Item 10: a person restores the cluster (the rebuilt members keep their replaced data aside
+        on their volumes), then scales it down: those volumes are never dropped."""
+        if self._primary() is None:
+            return
+        self.model.request_restore()
+        for _ in range(30):
+            self.model.tick(1)
+            self.model.finish_jobs(True)
+            self.model.catch_up_all()
+            self._operator_step(apply_all=True)
+            if not [r for r in self.model.restores.values() if r.phase not in ("Completed", "Failed")]:
                 break
-            if operation.step == "switchover-fence":
-                target = self.model.nodes.get(str(operation.target))
-                if how == "target-lost" and target is not None:
-                    self.model.crash(target)
-                break
-        for _ in range(after):
-            self.model.tick(0.5 if how == "killed" else 10)
+        if self.quorum and smaller == 2:
+            smaller = 3  # refused by the API's CEL rule
+        self.spec = self.spec.model_copy(update={"instances": min(smaller, self.spec.instances)})
+        for _ in range(rounds):
+            self.model.tick(1)
+            self.model.catch_up_all()
+            self._operator_step(apply_all=True)
+
+    @rule(node=NODES, rounds=st.integers(min_value=1, max_value=6))
+    def handover_cut_short(self, node: int, rounds: int) -> None:
+        """Found by the model: the operator crashes in the pass that records a new primary, before
+        its SetPrimary: the rw endpoint still selects the old one (or none) until upkeep repairs it."""
+        primary = self._primary()
+        if primary is None:
+            return
+        others = sorted(n.name for n in self.model.nodes.values() if self.model.streaming(n))
+        if not others:
+            return
+        self.model.switchover_to = others[node % len(others)]
+        self.cut_before_set_primary = True
+        for _ in range(8):
+            self.model.tick(0.5)
             self.model.land_fences()
             self._operator_step(apply_all=True)
-        primary.stop_hangs = False
+            if not self.cut_before_set_primary:
+                break
+        self.cut_before_set_primary = False
+        self._passes(rounds, 1)
 
     @rule(
         wait=st.sampled_from([3, 4, 6]),
@@ -792,6 +889,9 @@ class ClusterMachine(RuleBasedStateMachine):
         if self.last.phase is Phase.RUNNING:
             names = {n for n in model.nodes}
             assert names == set(expected_names(self.spec.instances)), names
+            assert model.rw == self.status.current_primary, (
+                f"the rw endpoint selects {model.rw}, the primary is {self.status.current_primary}"
+            )
 
 
 TestCluster = ClusterMachine.TestCase
