@@ -362,6 +362,33 @@ def test_a_vanished_promotion_target_is_confirmed_failed_before_another_failover
     )
 
 
+def test_a_failover_that_loses_its_majority_after_choosing_its_target_reports_quorum_lost() -> None:
+    """Found by the model: pg-2 was chosen (and Promote issued) while a majority was reachable; then
+    pg-0's and pg-1's volumes were lost before it was promoted. The failover may not promote pg-2
+    alone, and must not wait as FailingOver forever: the quorum is lost, reported as such, and the
+    configured recovery from backup applies once a majority's data is known to be gone."""
+    spec = make_spec(backup=STORE, recovery={"onQuorumLoss": "RestoreFromBackup"})
+    spec, view, status = settled(spec, lsns={1: 900, 2: 950})
+    dead = with_members(view, down(view.members[0]), *[lost_primary(m) for m in view.members[1:]])
+    status = decide(spec, dead, status).status
+    fence = decide(spec, later(dead, 6), status)
+    fenced = with_members(later(dead, 6), replace(dead.members[0], fenced=True, stopped=True))
+    promote = decide(spec, fenced, fence.status)
+    assert _promotions(promote) == ["pg-2"]
+    gone = [replace(down(m), exists=False, data_present=False) for m in view.members[:2]]
+    lost = replace(
+        with_members(fenced, *gone), backups=(BackupView("b", phase="Completed", completed_at=NOW),)
+    )
+    status, phases = promote.status, []
+    for seconds in (1, 10, 30, 31):
+        decision = decide(spec, later(lost, seconds), status)
+        status = decision.status
+        phases.append(decision.phase)
+        assert not _promotions(decision), "pg-2 alone is no majority"
+    assert phases[:2] == [Phase.QUORUM_LOST, Phase.QUORUM_LOST], phases
+    assert phases[-1] is Phase.RECOVERING, phases
+
+
 # ---- 9. an aborted rollout resumes the primary its switchover stopped ----------------------------
 
 

@@ -260,9 +260,11 @@ def promote_step(ctx: Context, operation: Operation, phase: Phase) -> Outcome:
     others = ctx.reachable_voters()
     drained = operation.final_lsn is not None and operation.source not in {m.name for m in others}
     if len(others) + (1 if drained else 0) < promotion_quorum(ctx, operation.source):
-        # Decided with a majority; never (re-)issued without one.
-        message = f"waiting for a majority to promote {target.name}: {len(others)} reachable"
-        return Outcome(phase, replace(status, operation=operation), message=message)
+        # Decided with a majority; never (re-)issued without one. The quorum is lost meanwhile: report
+        # it, and recover from backup when configured and a majority's data is gone (the operation
+        # stays recorded until then, so that a returning majority lets the promotion go on).
+        ctx = replace(ctx, status=replace(status, operation=operation))
+        return recovery.on_quorum_loss(ctx, f"waiting for a majority to promote {target.name}")
     config = steady_config(status.voters, target.name, ctx.quorum_mode)
     status = replace(status, sync=None, sync_pending=config, operation=operation)
     why = f"{operation.kind} from {operation.source}"
