@@ -151,11 +151,11 @@ MUTANTS = (
 )
 
 
-CONTROL = Mutant("(control: no mutant)", "-", f"{ENGINE}/decide.py", "", "")
+CONTROL = Mutant("control (no mutant)", "-", f"{ENGINE}/decide.py", "", "")
 
 
 def _tree(mutant: Mutant) -> Path:
-    scratch = Path(tempfile.mkdtemp(prefix=f"pgherd-mutant-{mutant.name}-"))
+    scratch = Path(tempfile.mkdtemp(prefix=f"pgherd-mutant-{mutant.name.split()[0]}-"))
     for part in ("operator", "backup", "tests", "pyproject.toml"):
         source = ROOT / part
         if source.is_dir():
@@ -180,6 +180,7 @@ def run(mutant: Mutant, seed: int, profile: str) -> tuple[str, float, str]:
         cwd=scratch, env=env, capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     if not where.startswith(str(scratch)):
+        shutil.rmtree(scratch, ignore_errors=True)
         raise SystemExit(f"the mutated engine is not the one imported ({where.strip()})")
     started = time.monotonic()
     try:
