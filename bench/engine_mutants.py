@@ -139,7 +139,6 @@ MUTANTS = (
         f"{ENGINE}/failover.py",
         "            return 1\n    return majority(voters)\n",
         "            return majority(voters)\n    return majority(voters)\n",
-        scripted="test_two_async_members_fail_over_once_the_old_primary_is_confirmed_gone",
     ),
     Mutant(
         "rw-endpoint-not-repaired",
@@ -172,7 +171,17 @@ def _tree(mutant: Mutant) -> Path:
     return scratch
 
 
-def run(mutant: Mutant, seed: int, profile: str) -> tuple[str, float, str]:
+_CHECKS = {"no_acknowledged_commit_lost", "one_writable_primary"}
+
+
+def _failing_step(output: str) -> str:
+    """The rule of the failing case during which the check failed (its last step; ``teardown`` is
+    the healing phase)."""
+    steps = [s for s in re.findall(r"state\.(\w+)\(", output) if s not in _CHECKS]
+    return steps[-1] if steps else ""
+
+
+def run(mutant: Mutant, seed: int, profile: str) -> tuple[str, float, str, str]:
     scratch = _tree(mutant)
     env = {**os.environ, "HYPOTHESIS_PROFILE": profile, "PYTHONPATH": f"{scratch}/operator:{scratch}/backup"}
     where = subprocess.run(
@@ -196,7 +205,8 @@ def run(mutant: Mutant, seed: int, profile: str) -> tuple[str, float, str]:
     verdict = "found" if result.returncode == 1 else ("missed" if result.returncode == 0 else "error")
     if mutant is CONTROL:
         verdict = {"found": "FAILS", "missed": "passes"}.get(verdict, verdict)
-    return verdict, elapsed, (caught[0] if caught else result.stdout.strip().splitlines()[-1][:110])
+    step = _failing_step(result.stdout) if verdict in ("found", "FAILS") else ""
+    return verdict, elapsed, (caught[0] if caught else result.stdout.strip().splitlines()[-1][:110]), step
 
 
 def main() -> int:
@@ -211,15 +221,18 @@ def main() -> int:
     if args.control:
         chosen.insert(0, CONTROL)
     work = [(m, seed) for m in chosen for seed in args.seeds]
-    print("| mutant | item | seed | search | time s | caught by |\n| --- | --- | ---: | --- | ---: | --- |")
+    print(
+        "| mutant | item | seed | search | time s | caught by | in step |\n"
+        "| --- | --- | ---: | --- | ---: | --- | --- |"
+    )
     with ThreadPoolExecutor(args.jobs) as pool:
         futures = {pool.submit(run, mutant, seed, args.profile): (mutant, seed) for mutant, seed in work}
         for future in as_completed(futures):
             mutant, seed = futures[future]
-            verdict, elapsed, caught = future.result()
+            verdict, elapsed, caught, step = future.result()
             extra = f" (scripted: {mutant.scripted})" if mutant.scripted and verdict != "found" else ""
             print(
-                f"| {mutant.name} | {mutant.item} | {seed} | {verdict}{extra} | {elapsed:.0f} | {caught} |",
+                f"| {mutant.name} | {mutant.item} | {seed} | {verdict}{extra} | {elapsed:.0f} | {caught} | {step} |",
                 flush=True,
             )
     return 0

@@ -766,6 +766,41 @@ class ClusterMachine(RuleBasedStateMachine):
             self.model.catch_up_all()
             self._operator_step(apply_all=True)
 
+    @rule(
+        two=st.booleans(),
+        silent=st.sampled_from([3, 4, 6, 10]),
+        lose_old=st.booleans(),
+        back=st.booleans(),
+    )
+    def promotion_target_vanishes(self, two: bool, silent: int, lose_old: bool, back: bool) -> None:
+        """Item 8: the primary dies, the failover promotes its target, and the target crashes before
+        anyone saw it primary (with ``two``, in a cluster scaled to two async members; ``lose_old``:
+        the old primary's volume is lost meanwhile). It comes back read-only, or not, later."""
+        if two and not self.quorum and self._primary() is not None:
+            self.spec = self.spec.model_copy(update={"instances": 2})
+            self._passes(4, 1)
+        primary = self._primary()
+        if primary is None:
+            return
+        self.model.crash(primary)
+        target = None
+        for _ in range(12):
+            self.model.tick(1)
+            self._operator_step(apply_all=True)
+            promoted = [a.member for a in self.last.actions if isinstance(a, A.Promote)] if self.last else []
+            if promoted:
+                target = self.model.nodes.get(promoted[0])
+                break
+        if target is None:
+            return
+        self.model.crash(target)
+        if lose_old:
+            self.model.wipe(primary)
+        self._passes(silent, 1)
+        if back:
+            self.model.restart(target)
+            self._passes(4, 1)
+
     @rule(node=NODES, rounds=st.integers(min_value=1, max_value=6))
     def handover_cut_short(self, node: int, rounds: int) -> None:
         """Found by the model: the operator crashes in the pass that records a new primary, before
