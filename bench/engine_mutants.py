@@ -171,14 +171,14 @@ def _tree(mutant: Mutant) -> Path:
     return scratch
 
 
-_CHECKS = {"no_acknowledged_commit_lost", "one_writable_primary"}
-
-
 def _failing_step(output: str) -> str:
-    """The rule of the failing case during which the check failed (its last step; ``teardown`` is
-    the healing phase)."""
-    steps = [s for s in re.findall(r"state\.(\w+)\(", output) if s not in _CHECKS]
-    return steps[-1] if steps else ""
+    """The rule (or ``teardown``, the healing phase, or an invariant) during which the check failed:
+    the first frame of test_properties.py in the traceback (the last frame shows only its code)."""
+    frames = re.findall(r"test_properties\.py:\d+: in (\w+)", output)
+    if frames:
+        return frames[0]
+    code = [name for name in re.findall(r"^    def (\w+)\(", output, re.MULTILINE) if name != "runTest"]
+    return code[0] if code else ""
 
 
 def run(mutant: Mutant, seed: int, profile: str) -> tuple[str, float, str, str]:
