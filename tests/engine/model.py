@@ -206,9 +206,12 @@ class ModelCluster:
         )
 
     def wal_timeline(self, node: Node) -> int:
-        """The timeline a member reports: a primary's own; a replica's newest WAL record's."""
-        if node.role is Role.PRIMARY or not node.wal:
+        """The timeline a member reports: a primary's own; a replica's newest WAL record's (with no
+        record past the initial WAL of the cluster, the first timeline's)."""
+        if node.role is Role.PRIMARY:
             return node.timeline
+        if not node.wal:
+            return 1
         last = node.wal[-1]
         return -last if last < 0 else self.commit_timeline.get(last, node.timeline)
 
