@@ -87,6 +87,23 @@ def in_recovery(driver: Driver, name: str) -> bool:
     return bool(scalar(driver.member_dsn(name), "SELECT pg_is_in_recovery()"))
 
 
+def primaries(driver: Driver, names: list[str]) -> list[str]:
+    """The members that would take a write now: reachable, not in recovery, not read-only (a fenced
+    primary is read-only; one that is stopped or unreachable takes nothing)."""
+    writable = []
+    for name in names:
+        try:
+            row = scalar(
+                driver.member_dsn(name),
+                "SELECT NOT pg_is_in_recovery() AND current_setting('default_transaction_read_only') = 'off'",
+            )
+        except (psycopg.Error, DriverError):
+            continue
+        if row:
+            writable.append(name)
+    return writable
+
+
 def setting(driver: Driver, name: str, parameter: str) -> str:
     return str(scalar(driver.member_dsn(name), "SELECT current_setting(%s)", (parameter,)))
 

@@ -96,8 +96,11 @@ class Driver(Protocol):
         request is recorded (wait_for the new primary)."""
         ...
 
-    def kill_operator(self) -> None:
-        """Kill the operator (the sandbox's supervisor) at once, leaving the cluster running, and keep it down."""
+    def kill_operator(self, at_step: str | None = None, done: int = 0) -> None:
+        """Kill the operator (the sandbox's supervisor), leaving the cluster running, and keep it down: at
+        once, or (``at_step``) when its recorded operation reaches a step starting with ``at_step`` with at
+        least ``done`` members done. The sandbox crashes exactly there (a crash point armed in the
+        supervisor); a real cluster's operator is killed as soon as its status shows that step."""
         ...
 
     def resume_operator(self) -> None:
@@ -166,6 +169,16 @@ class PollingDriver:
 
 
 # -- predicates and accessors on a ClusterStatus, shared by scenarios -------------------------------------
+
+
+def operation_at(step: str, done: int = 0) -> Callable[[ClusterStatus], bool]:
+    """The recorded operation is at a step starting with ``step``, ``done`` members or more done."""
+
+    def check(status: ClusterStatus) -> bool:
+        operation = status.get("operation") or {}
+        return str(operation.get("step") or "").startswith(step) and len(operation.get("done") or []) >= done
+
+    return check
 
 
 def member(status: ClusterStatus, name: str) -> MemberStatus | None:

@@ -1,6 +1,10 @@
-"""The operator (the sandbox's supervisor) killed in the middle of a rolling restart: the cluster keeps
-serving writes while it is down, and a new operator resumes the recorded operation instead of starting
-over: members restarted before the kill are not restarted again, the old primary is still last."""
+"""The operator (the sandbox's supervisor) killed in the middle of a rolling restart.
+
+Killed while it restarts a replica: the cluster keeps serving writes while it is down, and a new operator
+resumes the recorded operation instead of starting over (members restarted before the kill are not
+restarted again, the old primary is still last). Killed in the middle of the primary's switchover (old
+primary fenced, promotion ordered): writes wait for an operator, by design; the new one finishes the
+handover with one primary and no acknowledged write lost."""
 
 from __future__ import annotations
 
@@ -10,7 +14,13 @@ from typing import Any
 import pytest
 
 from e2e import manifests
-from e2e.checks import assert_no_acknowledged_write_lost, in_recovery, postmaster_started, setting
+from e2e.checks import (
+    assert_no_acknowledged_write_lost,
+    in_recovery,
+    postmaster_started,
+    primaries,
+    setting,
+)
 from e2e.driver import ClusterStatus, Driver, NewCluster, healthy, unless_failed
 from e2e.workload import WriteLoad
 
@@ -37,6 +47,12 @@ def _rollout(status: ClusterStatus) -> dict[str, Any] | None:
     return operation if operation and operation.get("kind") == "Rollout" else None
 
 
+def _rolled_out(cluster: Driver, members: list[str], value: str) -> Any:
+    return unless_failed(
+        lambda s: healthy(3)(s) and all(setting(cluster, m, "max_connections") == value for m in members)
+    )
+
+
 def test_operator_killed_mid_rollout_resumes_it(cluster: Driver, manifest: dict[str, Any]) -> None:
     before = cluster.wait_for(healthy(3), 120, "a healthy cluster before the rollout")
     old = str(before["primary"])
@@ -47,15 +63,17 @@ def test_operator_killed_mid_rollout_resumes_it(cluster: Driver, manifest: dict[
     try:
         load.wait_for_acks(200)
         cluster.apply(manifests.with_changes(manifest, parameters={"max_connections": "130"}))
-        cluster.wait_for(lambda s: _rollout(s) is not None, 60, "the rollout to start (status.operation)")
-        cluster.kill_operator()
+        # Killed once the first replica is done and the second one's restart was ordered.
+        cluster.kill_operator(at_step="restart:", done=1)
         frozen = cluster.status()
         operation = _rollout(frozen)
         assert operation is not None, f"the operation was not recorded before the operator died: {frozen}"
+        assert str(operation.get("step")).startswith("restart:"), f"killed at the wrong step: {operation}"
         done_before_kill = [m for m in operation.get("done") or [] if m in members]
-        started_before = {}
-        for name in done_before_kill:
-            started_before[name] = postmaster_started(cluster, name)
+        assert done_before_kill and old not in done_before_kill, (
+            f"unexpected progress at the kill: {operation}"
+        )
+        started_before = {name: postmaster_started(cluster, name) for name in done_before_kill}
 
         # Without its operator the cluster keeps serving writes, and nothing moves on.
         time.sleep(OPERATOR_DOWN_SECONDS)
@@ -64,11 +82,7 @@ def test_operator_killed_mid_rollout_resumes_it(cluster: Driver, manifest: dict[
 
         cluster.resume_operator()
         cluster.wait_for(
-            unless_failed(
-                lambda s: (
-                    healthy(3)(s) and all(setting(cluster, m, "max_connections") == "130" for m in members)
-                )
-            ),
+            _rolled_out(cluster, members, "130"),
             240,
             "the resumed rollout to bring every member to max_connections = 130",
         )
@@ -89,3 +103,42 @@ def test_operator_killed_mid_rollout_resumes_it(cluster: Driver, manifest: dict[
     assert len(report.failure_windows()) <= 1, (
         f"writes failed outside one switchover window: {report.failure_windows()}"
     )
+
+
+def test_operator_killed_mid_switchover_finishes_it(cluster: Driver, manifest: dict[str, Any]) -> None:
+    before = cluster.wait_for(healthy(3), 120, "a healthy cluster before the second rollout")
+    old = str(before["primary"])
+    members = sorted(m["name"] for m in before["members"])
+
+    load = WriteLoad(cluster.rw_dsn).start()
+    try:
+        load.wait_for_acks(200)
+        cluster.apply(manifests.with_changes(manifest, parameters={"max_connections": "160"}))
+        # Killed right after it ordered the promotion of the old primary's successor.
+        cluster.kill_operator(at_step="switchover-promote")
+        frozen = cluster.status()
+        operation = _rollout(frozen)
+        assert operation is not None and operation.get("step") == "switchover-promote", (
+            f"killed at the wrong step: {frozen.get('operation')}"
+        )
+        time.sleep(OPERATOR_DOWN_SECONDS)
+        writable = primaries(cluster, members)
+        assert len(writable) <= 1, f"two members accept writes while the operator is down: {writable}"
+
+        cluster.resume_operator()
+        status = cluster.wait_for(
+            _rolled_out(cluster, members, "160"),
+            240,
+            "the resumed rollout to finish the switchover and bring every member to max_connections = 160",
+        )
+        load.wait_for_acks(200)
+    finally:
+        report = load.stop()
+
+    print(f"\noperation at the kill: {operation}; {report.summary()}")
+    assert_no_acknowledged_write_lost(cluster, report)
+    assert status["primary"] == operation.get("target"), (
+        f"the new primary is {status['primary']}, not the switchover's target {operation.get('target')}"
+    )
+    assert in_recovery(cluster, old), f"{old} is still primary after the resumed switchover"
+    assert primaries(cluster, members) == [status["primary"]]

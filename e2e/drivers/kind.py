@@ -58,6 +58,7 @@ from e2e.driver import (
     MemberStatus,
     ObjectStatus,
     PollingDriver,
+    operation_at,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -450,7 +451,10 @@ class KindDriver(PollingDriver):
             f"the operator did not act on {SWITCHOVER_ANNOTATION}={target} within 120 s\n{self.describe()}"
         )
 
-    def kill_operator(self) -> None:
+    def kill_operator(self, at_step: str | None = None, done: int = 0) -> None:
+        if at_step is not None:
+            # No crash point in a real operator: kill it as soon as the status shows the step.
+            self.wait_for(operation_at(at_step, done), 180, f"the operation to reach step {at_step!r}")
         ns = ("-n", self.operator_namespace)
         self.kube.run(*ns, "scale", "deployment", self.release, "--replicas=0")
         selector = f"app.kubernetes.io/instance={self.release},app.kubernetes.io/component=operator"

@@ -156,8 +156,13 @@ class LocalDriver(PollingDriver):
         # The sandbox's command returns once the switchover is done (or failed: DriverError).
         self._sandbox("switchover", *(["--to", to] if to else []))
 
-    def kill_operator(self) -> None:
-        self._sandbox("kill-supervisor")
+    def kill_operator(self, at_step: str | None = None, done: int = 0) -> None:
+        if at_step is None:
+            self._sandbox("kill-supervisor")
+            return
+        self._sandbox(
+            "kill-supervisor", "--at-step", at_step, "--done", str(done), "--timeout", "180", timeout=200
+        )
 
     def resume_operator(self) -> None:
         self._sandbox("resume", timeout=UP_TIMEOUT)

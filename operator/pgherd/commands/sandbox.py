@@ -68,6 +68,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--keep-data", action="store_true")
     p.set_defaults(func=_down)
     p = add("kill-supervisor", "kill -9 the supervisor (the operator), as a crash")
+    p.add_argument(
+        "--at-step",
+        default=None,
+        help="crash exactly when the recorded operation reaches a step starting with this (e.g. restart:)",
+    )
+    p.add_argument("--done", type=int, default=0, help="with --at-step: once this many members are done")
+    p.add_argument("--timeout", type=float, default=120)
     p.set_defaults(func=_kill_supervisor)
     p = add("resume", "start a new supervisor for an existing sandbox (it resumes any operation)")
     p.set_defaults(func=_resume)
@@ -181,7 +188,7 @@ def _down(args: argparse.Namespace) -> int:
 
 def _kill_supervisor(args: argparse.Namespace) -> int:
     try:
-        Sandbox(args.dir).kill_supervisor()
+        Sandbox(args.dir).kill_supervisor(args.at_step, args.done, args.timeout)
     except SandboxError as exc:
         return _fail(str(exc))
     print("supervisor killed")

@@ -48,6 +48,11 @@ class SandboxPaths:
         return self.root / "rw-endpoint.json"
 
     @property
+    def crash_point(self) -> Path:
+        """Armed by `sandbox kill-supervisor --at-step`: the supervisor exits as if killed there."""
+        return self.root / "crash-at.json"
+
+    @property
     def members(self) -> Path:
         return self.root / "members"
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pgherd.api.admission import admit
-from pgherd.local.layout import SandboxPaths, read_json
+from pgherd.local.layout import SandboxPaths, read_json, write_json
 from pgherd.local.objects import ObjectStore
 from pgherd.local.s3server import S3ServerUnavailable, choose_backend, free_port
 from pgherd.local.state import MemberState, S3Endpoint, SandboxState
@@ -289,10 +289,23 @@ class Sandbox:
             f"the switchover did not complete within {timeout:.0f}s: see `pgherd sandbox status`"
         )
 
-    def kill_supervisor(self) -> None:
+    def kill_supervisor(self, at_step: str | None = None, done: int = 0, timeout: float = 120) -> None:
+        """SIGKILL the supervisor now, or (``at_step``) arm a crash point and wait until the supervisor
+        exits by itself the moment its recorded operation reaches that step with ``done`` members done."""
         pid = self.supervisor_pid()
         if pid is None:
             raise SandboxError("the supervisor is not running")
+        if at_step is not None:
+            write_json(self.paths.crash_point, {"step": at_step, "done": done})
+            deadline = time.monotonic() + timeout
+            while _alive(pid):
+                if time.monotonic() > deadline:
+                    self.paths.crash_point.unlink(missing_ok=True)
+                    raise SandboxError(
+                        f"the supervisor did not reach step {at_step!r} with {done} done within {timeout:.0f}s"
+                    )
+                time.sleep(0.05)
+            return
         os.kill(pid, signal.SIGKILL)
         for _ in range(50):
             if not _alive(pid):

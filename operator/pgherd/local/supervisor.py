@@ -165,9 +165,32 @@ class Supervisor:
         self.platform.current_primary = decision.status.current_primary
         self._clear_switchover(decision, request, target)
         self.last_actions = apply_actions(self.platform, decision.actions, spec, self.last_actions)
+        self._crash_if_armed(decision)
         if decision.phase.value != self.last_phase or decision.message != self.last_message:
             log.info("phase %s: %s", decision.phase.value, decision.message)
             self.last_phase, self.last_message = decision.phase.value, decision.message
+
+    def _crash_if_armed(self, decision: Decision) -> None:
+        """A crash point for tests: once the recorded operation reaches the armed step (its status
+        written, its actions applied) with at least ``done`` members done, exit at once, as SIGKILL."""
+        armed = self.paths.crash_point
+        if not armed.exists():
+            return
+        want = read_json(armed) or {}
+        operation = decision.status.operation
+        if (
+            operation is None
+            or not operation.step.startswith(str(want.get("step", "")))
+            or len(operation.done) < int(want.get("done", 0))
+        ):
+            return
+        armed.unlink(missing_ok=True)
+        log.warning(
+            "crash point: exiting at step %s (%d done), as if killed", operation.step, len(operation.done)
+        )
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os._exit(137)
 
     def _clear_switchover(
         self, decision: Decision, request: dict[str, Any] | None, target: str | None
