@@ -19,8 +19,10 @@ engine's inputs mean the same thing everywhere. The rules, and why:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import PurePath
 
 from pgherd.engine.quorum import SyncConfig
 from pgherd.engine.view import JobKind, JobState, JobView, MemberView, Role
@@ -28,12 +30,15 @@ from pgherd_backup.agent.client import AgentClient, AgentError
 from pgherd_backup.agent.wire import Status, lsn_value
 
 __all__ = [
+    "KEPT_STAMP",
     "STATUS_TIMEOUT",
     "fetch_statuses",
+    "kept_aside_since",
     "member_view",
     "parse_sync_standby_names",
     "port_resolver",
     "restore_job_view",
+    "restore_snapshot",
 ]
 
 # Observation must never wait on one slow member: a dead primary is noticed within this bound.
@@ -153,6 +158,38 @@ def restore_job_view(name: str, member: str, status: Status | None, last_stage: 
         last_stage,
         f"the agent of {member} has no record of restore {name} (was its volume lost?)",
     )
+
+
+def restore_snapshot(
+    backup: str | None, snapshot_id: str | None, backup_id_of: Callable[[str], str | None]
+) -> str:
+    """The snapshot a restore order names: its snapshot id, a Backup's backupId, or ``latest`` (no Backup,
+    or the Backup ``latest``). ValueError for a Backup without a completed snapshot."""
+    if snapshot_id:
+        return snapshot_id
+    if backup in (None, "latest"):
+        return "latest"
+    backup_id = backup_id_of(backup)
+    if not backup_id:
+        raise ValueError(f"Backup {backup!r} has no completed snapshot to restore")
+    return backup_id
+
+
+# How the agents name a data directory they keep aside (`<volume>/kept/<stamp>`, UTC).
+KEPT_STAMP = "%Y%m%dT%H%M%S%fZ"
+
+
+def kept_aside_since(paths: Iterable[str], since: datetime) -> list[str]:
+    """The kept-aside data directories among ``paths`` that were kept at ``since`` or later."""
+    found = []
+    for path in paths:
+        try:
+            at = datetime.strptime(PurePath(path).name, KEPT_STAMP).replace(tzinfo=UTC)
+        except ValueError:
+            continue
+        if at >= since:
+            found.append(path)
+    return found
 
 
 def fetch_statuses(

@@ -20,8 +20,9 @@ from pgherd.kube import names
 from pgherd.kube.agents import Agents
 from pgherd.kube.api import ApiError, KubeApi
 from pgherd.kube.observe import ClusterObjects, pod_ip
-from pgherd_backup.agent.client import AgentError, AgentUnreachable
-from pgherd_backup.agent.wire import FenceRequest, Status
+from pgherd.kube.restores import RestoreRecord, Restores, iso, restore_object, snapshot_to_restore
+from pgherd_backup.agent.client import AgentActionError, AgentClient, AgentError, AgentUnreachable
+from pgherd_backup.agent.wire import ActionResult, FenceRequest, Status
 
 log = logging.getLogger("pgherd.kube.actions")
 
@@ -46,6 +47,8 @@ class ActContext:
     snapshot_job: Callable[[str, str, str], JSON]  # (backup, member, member host) -> Job
     prune_job: Callable[[act.Prune], JSON]
     event: Callable[[act.RecordEvent], Awaitable[None]]
+    event_on: Callable[[JSON, act.RecordEvent], Awaitable[None]]  # an Event regarding another object
+    restores: Restores
 
     @property
     def namespace(self) -> str:
@@ -298,7 +301,40 @@ async def start_snapshot(ctx: ActContext, action: act.StartSnapshot) -> None:
 
 
 async def start_restore(ctx: ActContext, action: act.StartRestore) -> None:
-    log.warning("restore %s into %s: not yet carried out on Kubernetes", action.restore, action.member)
+    """The member's agent restores in place (restores.py); the record is written once it took the order.
+    Asked again under the same requestId, an agent answers that restore's state and never starts
+    another; a restore that already ran and failed (500) is recorded too: its lastAction tells how."""
+    if ctx.restores.taken(action.restore):
+        return
+    try:
+        snapshot = snapshot_to_restore(ctx.objects, action.backup, action.snapshot_id)
+    except ValueError as exc:
+        await ctx.restores.save(RestoreRecord(action.restore, action.member, datetime.now(UTC), str(exc)))
+        return
+    status, ip = _status(ctx, action.member), _ip(ctx, action.member)
+    if status is None or ip is None or not status.fenced:
+        return  # not answering, or not fenced yet: the agent would refuse; the engine asks again
+    started = datetime.now(UTC)
+
+    def call(client: AgentClient) -> ActionResult | AgentActionError:
+        try:
+            return client.restore(snapshot, action.target, request_id=action.restore, reason=action.reason)
+        except AgentActionError as exc:
+            if exc.status != 500:
+                raise  # refused or busy: asked again
+            return exc
+
+    async def taken(_: object) -> None:
+        await ctx.restores.save(RestoreRecord(action.restore, action.member, started))
+        if restore_object(ctx.objects, action.restore) is not None:
+            fields: JSON = {"startedAt": iso(started)}
+            if snapshot != "latest":
+                fields["snapshotId"] = snapshot
+            await ctx.api.patch(
+                "Restore", ctx.namespace, action.restore, {"status": fields}, subresource="status"
+            )
+
+    ctx.agents.spawn(action.member, ip, "restore", call, then=taken)
 
 
 async def create_backup(ctx: ActContext, action: act.CreateBackup) -> None:
@@ -335,6 +371,12 @@ async def update_backup(ctx: ActContext, action: act.UpdateBackup) -> None:
         status["completedAt"] = _stamp()
         status.update(_snapshot_summary(ctx, action.name))
     await ctx.api.patch("Backup", ctx.namespace, action.name, {"status": status}, subresource="status")
+    backup = next((b for b in ctx.objects.backups if b["metadata"]["name"] == action.name), None)
+    if action.phase == "Failed" and backup is not None:
+        await ctx.event_on(
+            backup,
+            act.RecordEvent("BackupFailed", f"backup {action.name} failed: {action.error}", warning=True),
+        )
 
 
 def _snapshot_summary(ctx: ActContext, backup: str) -> JSON:
@@ -376,7 +418,18 @@ async def update_restore(ctx: ActContext, action: act.UpdateRestore) -> None:
         status["error"] = action.error
     if action.restored_timeline is not None:
         status["restoredTimeline"] = action.restored_timeline
+    if action.phase in ("Completed", "Failed"):
+        status["completedAt"] = _stamp()
+        kept = ctx.restores.kept_data(action.name, ctx.statuses)
+        if kept:
+            status["keptData"] = kept
     await ctx.api.patch("Restore", ctx.namespace, action.name, {"status": status}, subresource="status")
+    restore = restore_object(ctx.objects, action.name)
+    if action.phase == "Failed" and restore is not None:
+        await ctx.event_on(
+            restore,
+            act.RecordEvent("RestoreFailed", f"restore {action.name} failed: {action.error}", warning=True),
+        )
 
 
 async def prune(ctx: ActContext, action: act.Prune) -> None:

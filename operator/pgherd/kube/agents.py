@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -87,8 +87,16 @@ class Agents:
         task = self._tasks.get(member)
         return task is not None and not task.done()
 
-    def spawn(self, member: str, ip: str, what: str, fn: Callable[[AgentClient], Any]) -> bool:
-        """Start a long action in the background unless one already runs on the member."""
+    def spawn(
+        self,
+        member: str,
+        ip: str,
+        what: str,
+        fn: Callable[[AgentClient], Any],
+        then: Callable[[Any], Awaitable[None]] | None = None,
+    ) -> bool:
+        """Start a long action in the background unless one already runs on the member; ``then`` is
+        given its result once the agent answered (not when the call failed)."""
         if self.busy(member):
             return False
         client = self.client(member, ip)
@@ -98,6 +106,8 @@ class Agents:
                 result = await asyncio.to_thread(fn, client)
                 if isinstance(result, ActionResult):
                     _log(member, what, result)
+                if then is not None:
+                    await then(result)
             except AgentError as exc:
                 log.warning("%s of %s failed: %s", what, member, exc)
             except Exception:

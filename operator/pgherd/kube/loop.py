@@ -36,6 +36,7 @@ from pgherd.kube.api import ApiError, KubeApi
 from pgherd.kube.events import Events
 from pgherd.kube.objects import OwnedObjects, expand_volumes
 from pgherd.kube.observe import ClusterObjects, cluster_view, pod_ip
+from pgherd.kube.restores import Restores
 from pgherd.kube.status import cluster_status, unchanged
 
 log = logging.getLogger("pgherd.kube.loop")
@@ -87,6 +88,7 @@ class ClusterLoop:
         self.name, self.namespace = str(meta["name"]), str(meta["namespace"])
         self.owned = OwnedObjects(api, config)
         self.events = Events(api)
+        self.restores = Restores(api, self.namespace, self.name)
         self.agents: Agents | None = None
         self.engine: EngineStatus | None = None
         self.status_doc: JSON | None = None
@@ -116,6 +118,7 @@ class ClusterLoop:
             body = fresh
             self.status_doc = dict(fresh.get("status") or {})
             self.engine = EngineStatus.from_dict((self.status_doc or {}).get("engine") or {})
+            self.restores.load(fresh)
         try:
             spec = PostgresClusterSpec.model_validate(body.get("spec") or {})
         except ValidationError as exc:
@@ -160,7 +163,13 @@ class ClusterLoop:
         }
         statuses = await self.agents.statuses(addresses)
         switchover_to = self._switchover_target(body, objects, statuses)
-        view = cluster_view(objects, statuses, datetime.now(UTC), switchover_to=switchover_to)
+        view = cluster_view(
+            objects,
+            statuses,
+            datetime.now(UTC),
+            switchover_to=switchover_to,
+            extra_jobs=self.restores.job_views(statuses),
+        )
         assert self.engine is not None
         decision = decide(spec, view, self.engine)
         document = cluster_status(decision, view, self.status_doc or {}, image=image, statuses=statuses)
@@ -188,12 +197,17 @@ class ClusterLoop:
             ),
             prune_job=lambda action: self.owned.prune_job(body, spec, image, revision, action),
             event=lambda action: self.events.record(body, action),
+            event_on=self.events.record,
+            restores=self.restores,
         )
         try:
             await apply_all(context, decision.actions)
         except NotLeader:
             log.info("%s/%s: leadership lost: stopped acting", self.namespace, self.name)
             self.engine = None
+            return
+        if self.holding():
+            await self.restores.follow(objects, statuses)
 
     def _member_address(self, objects: ClusterObjects, member: str) -> str | None:
         if self.config.member_address == "ip":

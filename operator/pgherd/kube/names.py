@@ -33,6 +33,8 @@ COMPONENT_PRUNE = "prune"
 # Annotations.
 ANNOTATION_SWITCHOVER = "pgherd.io/switchover-to"  # <member> | any, on the PostgresCluster
 ANNOTATION_REVISION = LABEL_REVISION
+# On the PostgresCluster: the restore a member's agent took (JSON: restore, member, startedAt); see restores.py.
+ANNOTATION_RESTORE = "pgherd.io/restore-job"
 
 # kopf's own bookkeeping, under pgherd.io names.
 FINALIZER = "pgherd.io/finalizer"

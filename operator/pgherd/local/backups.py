@@ -16,7 +16,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from pgherd.agentview import restore_job_view
+from pgherd.agentview import kept_aside_since, restore_job_view, restore_snapshot
 from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.engine import actions as act
 from pgherd.engine.view import BackupView, JobKind, JobState, JobView, RestoreView
@@ -28,8 +28,6 @@ from pgherd_backup.agent.client import AgentActionError, AgentClient
 from pgherd_backup.agent.wire import Status
 
 log = logging.getLogger("pgherd.sandbox")
-
-_STAMP = "%Y%m%dT%H%M%S%fZ"  # how the agents name what they keep aside (<volume>/kept/<stamp>)
 
 
 class Members(Protocol):
@@ -278,30 +276,21 @@ class Backups:
     # --- helpers ---------------------------------------------------------------------------------------------
     def snapshot_id(self, backup: str | None, snapshot_id: str | None) -> str:
         """The snapshot a Backup name (or `latest`) stands for; ValueError for a Backup without one."""
-        if snapshot_id:
-            return snapshot_id
-        if backup in (None, "latest"):
-            return "latest"
-        found = self.objects.backup(backup)
-        backup_id = ((found or {}).get("status") or {}).get("backupId")
-        if not backup_id:
-            raise ValueError(f"Backup {backup!r} has no completed snapshot to restore")
-        return str(backup_id)
+
+        def backup_id_of(name: str) -> str | None:
+            found = self.objects.backup(name)
+            backup_id = ((found or {}).get("status") or {}).get("backupId")
+            return str(backup_id) if backup_id else None
+
+        return restore_snapshot(backup, snapshot_id, backup_id_of)
 
     def kept_aside_since(self, since: float) -> list[str]:
         """Data directories kept aside on the members' volumes since `since` (by a restore or a
         re-clone: the agents name them by their UTC time)."""
-        found: list[str] = []
         if not self.paths.members.is_dir():
-            return found
-        for kept in sorted(self.paths.members.glob("*/kept/*")):
-            try:
-                at = datetime.strptime(kept.name, _STAMP).replace(tzinfo=UTC).timestamp()
-            except ValueError:
-                continue
-            if at >= since:
-                found.append(str(kept))
-        return found
+            return []
+        kept = [str(path) for path in sorted(self.paths.members.glob("*/kept/*"))]
+        return kept_aside_since(kept, datetime.fromtimestamp(since, UTC))
 
 
 def _parse_time(value: str | None) -> datetime | None:
