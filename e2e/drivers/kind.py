@@ -34,9 +34,7 @@ Credentials come from the Secret `<cluster>-app` (keys username, password, dbnam
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import json
 import os
 import re
 import selectors
@@ -48,30 +46,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
-import yaml
-
-from e2e.driver import (
-    ClusterStatus,
-    DriverError,
-    Manifest,
-    ManifestRefused,
-    MemberStatus,
-    ObjectStatus,
-    PollingDriver,
-    operation_at,
+from e2e.driver import DriverError
+from e2e.drivers.kube import (
+    POSTGRES_PORT,
+    REPO_ROOT,
+    S3_KEYS,
+    S3_SECRET,
+    Kube,
+    KubeDriver,
+    env,
+    store_at,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SWITCHOVER_ANNOTATION = "pgherd.io/switchover-to"
-POSTGRES_PORT = 5432
-S3_SECRET = "pgherd-e2e-s3"
-S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 _FORWARDING = re.compile(r"Forwarding from 127\.0\.0\.1:(\d+) -> ")
 _SESSION_PATH = time.strftime("e2e-%Y%m%d-%H%M%S", time.gmtime())
-
-
-def _env(name: str, default: str) -> str:
-    return os.environ.get(name) or default
 
 
 def chart_image_values(image: str) -> list[str]:
@@ -90,64 +78,9 @@ def s3_store() -> dict[str, Any] | None:
     endpoint = os.environ.get("PGHERD_E2E_S3_ENDPOINT")
     if not endpoint:
         return None
-    return {
-        "s3": {
-            "bucket": _env("PGHERD_E2E_S3_BUCKET", "pgherd-e2e"),
-            "path": _env("PGHERD_E2E_S3_PATH", _SESSION_PATH),
-            "endpoint": endpoint,
-            "forcePathStyle": True,
-            "credentials": {"secretName": S3_SECRET},
-        }
-    }
-
-
-def with_store(manifest: Manifest, store: dict[str, Any] | None) -> dict[str, Any]:
-    """A copy of `manifest`; a PostgresCluster without spec.backup.store gets `store`."""
-    doc = dict(manifest)
-    if store is None or doc.get("kind") != "PostgresCluster":
-        return doc
-    spec = dict(doc.get("spec") or {})
-    backup = dict(spec.get("backup") or {})
-    if backup.get("store"):
-        return doc
-    backup["store"] = store
-    spec["backup"] = backup
-    doc["spec"] = spec
-    return doc
-
-
-class Kube:
-    """kubectl and helm with the configured context; failures raise DriverError with their output."""
-
-    def __init__(self) -> None:
-        context = os.environ.get("PGHERD_E2E_KUBE_CONTEXT")
-        self.kubectl = [_env("KUBECTL", "kubectl"), *(["--context", context] if context else [])]
-        self.helm = [_env("HELM", "helm"), *(["--kube-context", context] if context else [])]
-
-    def run(
-        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
-    ) -> subprocess.CompletedProcess[str]:
-        return self._run([*self.kubectl, *args], input=input, check=check, timeout=timeout)
-
-    def run_helm(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        return self._run([*self.helm, *args], input=None, check=True, timeout=timeout)
-
-    def json(self, *args: str) -> Any:
-        return json.loads(self.run(*args, "-o", "json").stdout)
-
-    @staticmethod
-    def _run(
-        argv: list[str], *, input: str | None, check: bool, timeout: float
-    ) -> subprocess.CompletedProcess[str]:
-        try:
-            result = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired as exc:
-            raise DriverError(f"`{' '.join(argv)}` did not finish within {timeout:.0f} s") from exc
-        if check and result.returncode != 0:
-            raise DriverError(
-                f"`{' '.join(argv)}` exited with {result.returncode}: {result.stderr.strip() or result.stdout.strip()}"
-            )
-        return result
+    return store_at(
+        endpoint, env("PGHERD_E2E_S3_BUCKET", "pgherd-e2e"), env("PGHERD_E2E_S3_PATH", _SESSION_PATH)
+    )
 
 
 class PodForwarder:
@@ -270,24 +203,22 @@ def _pipe(a: socket.socket, b: socket.socket) -> None:
             cast(socket.socket, key.data).sendall(data)
 
 
-class KindDriver(PollingDriver):
+class KindDriver(KubeDriver):
     name = "kind"
-    poll_interval = 1.0
     _operator_installed: ClassVar[bool] = False
 
     def __init__(self, workdir: Path, cluster: str) -> None:
-        self.workdir = Path(workdir)
-        self.cluster = cluster
-        self.kube = Kube()
-        self.namespace = f"pgherd-e2e-{cluster}"[:63]
-        self.operator_namespace = _env("PGHERD_E2E_OPERATOR_NAMESPACE", "pgherd-system")
-        self.release = _env("PGHERD_E2E_RELEASE", "pgherd")
-        self.postgres_version = int(_env("PGHERD_E2E_PG_VERSION", "16"))
+        super().__init__(
+            workdir,
+            cluster,
+            Kube(),
+            postgres_version=int(env("PGHERD_E2E_PG_VERSION", "16")),
+            store=s3_store(),
+        )
+        self.operator_namespace = env("PGHERD_E2E_OPERATOR_NAMESPACE", "pgherd-system")
+        self.release = env("PGHERD_E2E_RELEASE", "pgherd")
         self._forwarders: dict[str, PodForwarder] = {}
         self._proxy: ServiceProxy | None = None
-        self._credentials: dict[str, str] | None = None
-        self._applied = 0
-        self._store = s3_store()
         self._ensure_operator()
         self.kube.run("create", "namespace", self.namespace, check=False)
         if self._store is not None:
@@ -315,146 +246,11 @@ class KindDriver(PollingDriver):
                 f" NAMESPACE/NAME (found {source!r})"
             )
         namespace, _, name = source.partition("/")
-        data = self.kube.json("-n", namespace, "get", "secret", name).get("data") or {}
-        missing = [key for key in S3_KEYS if key not in data]
-        if missing:
-            raise DriverError(f"the Secret {source} lacks {', '.join(missing)}")
-        secret = {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "type": "Opaque",
-            "metadata": {"name": S3_SECRET, "namespace": self.namespace},
-            "data": {key: data[key] for key in S3_KEYS},
-        }
-        # On stdin, never on a command line or in the workdir: the keys stay out of logs and artifacts.
-        self.kube.run("apply", "-f", "-", input=json.dumps(secret))
+        self.copy_secret(namespace, name, S3_SECRET, S3_KEYS)
 
-    # -- the Driver interface --------------------------------------------------------------------------
+    # -- the operator and connections ------------------------------------------------------------------
 
-    def apply(self, manifest: Manifest) -> None:
-        self._applied += 1
-        doc = with_store(manifest, self._store)
-        path = self.workdir / f"{self._applied:02d}-{str(doc.get('kind')).lower()}.yaml"
-        path.write_text(yaml.safe_dump(doc, sort_keys=False))
-        result = self.kube.run("-n", self.namespace, "apply", "-f", str(path), check=False)
-        if result.returncode != 0:
-            message = result.stderr.strip() or result.stdout.strip()
-            if "is invalid" in message or "denied the request" in message or "Invalid value" in message:
-                raise ManifestRefused(message)
-            raise DriverError(f"kubectl apply of {path} failed: {message}\n{self.describe()}")
-
-    def status(self) -> ClusterStatus:
-        cluster = self.kube.json("-n", self.namespace, "get", "postgrescluster", self.cluster)
-        raw = cluster.get("status") or {}
-        members: list[MemberStatus] = [
-            {
-                "name": m["name"],
-                "role": m.get("role", "unknown"),
-                "ready": bool(m.get("ready")),
-                "port": None,
-                "dsn": None,
-                "lagBytes": m.get("lagBytes"),
-                "timeline": m.get("timeline"),
-            }
-            for m in raw.get("members") or []
-        ]
-        return {
-            "phase": raw.get("phase"),
-            "message": raw.get("message"),
-            "primary": raw.get("currentPrimary"),
-            "members": members,
-            "rwDsn": self._dsn(self._proxy.port) if self._proxy is not None else None,
-            "backups": self._objects("backups.pgherd.io", with_id=True),
-            "restores": self._objects("restores.pgherd.io", with_id=False),
-            "conditions": raw.get("conditions") or [],
-            "operation": raw.get("operation"),
-            "instances": raw.get("instances"),
-            "readyInstances": raw.get("readyInstances"),
-        }
-
-    def _objects(self, resource: str, *, with_id: bool) -> list[ObjectStatus]:
-        """This cluster's Backups or Restores (fully qualified: `backups` alone may name another API's kind)."""
-        items = self.kube.json("-n", self.namespace, "get", resource).get("items", [])
-        found: list[ObjectStatus] = []
-        for item in items:
-            if (item.get("spec") or {}).get("cluster", {}).get("name") != self.cluster:
-                continue
-            status = item.get("status") or {}
-            entry: ObjectStatus = {
-                "name": item["metadata"]["name"],
-                "phase": status.get("phase"),
-                "error": status.get("error"),
-            }
-            if with_id:
-                entry["backupId"] = status.get("backupId")
-            else:
-                entry["keptData"] = status.get("keptData")
-            found.append(entry)
-        return found
-
-    def kill(self, member: str, wipe: bool = False) -> None:
-        claims: list[str] = []
-        if wipe:
-            pod = self.kube.json("-n", self.namespace, "get", "pod", member)
-            claims = [
-                v["persistentVolumeClaim"]["claimName"]
-                for v in pod["spec"].get("volumes", [])
-                if v.get("persistentVolumeClaim")
-            ]
-            for claim in claims:
-                self.kube.run("-n", self.namespace, "delete", "pvc", claim, "--wait=false")
-        self.kube.run(
-            "-n", self.namespace, "delete", "pod", member, "--grace-period=0", "--force", "--wait=false"
-        )
-        for claim in claims:
-            self.kube.run(
-                "-n", self.namespace, "wait", "--for=delete", f"pvc/{claim}", "--timeout=120s", check=False
-            )
-            # A pod recreated while its old claim was still terminating would wait forever for it: recreate it.
-            phase = self.kube.run(
-                "-n", self.namespace, "get", "pod", member, "-o", "jsonpath={.status.phase}", check=False
-            )
-            if phase.stdout.strip() == "Pending":
-                self.kube.run(
-                    "-n",
-                    self.namespace,
-                    "delete",
-                    "pod",
-                    member,
-                    "--grace-period=0",
-                    "--force",
-                    "--wait=false",
-                )
-
-    def switchover(self, to: str | None = None) -> None:
-        target = to or "any"
-        self.kube.run(
-            "-n", self.namespace, "annotate", "postgrescluster", self.cluster, f"{SWITCHOVER_ANNOTATION}={target}", "--overwrite"
-        )  # fmt: skip
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            annotations = (
-                self.kube.json("-n", self.namespace, "get", "postgrescluster", self.cluster)["metadata"].get(
-                    "annotations"
-                )
-                or {}
-            )
-            if SWITCHOVER_ANNOTATION not in annotations:
-                primary = self.status().get("primary")
-                if to is not None and primary != to:
-                    raise DriverError(
-                        f"switchover to {to} was not done (primary {primary}): see the cluster's Events\n{self.describe()}"
-                    )
-                return
-            time.sleep(1)
-        raise DriverError(
-            f"the operator did not act on {SWITCHOVER_ANNOTATION}={target} within 120 s\n{self.describe()}"
-        )
-
-    def kill_operator(self, at_step: str | None = None, done: int = 0) -> None:
-        if at_step is not None:
-            # No crash point in a real operator: kill it as soon as the status shows the step.
-            self.wait_for(operation_at(at_step, done), 180, f"the operation to reach step {at_step!r}")
+    def stop_operator(self) -> None:
         ns = ("-n", self.operator_namespace)
         self.kube.run(*ns, "scale", "deployment", self.release, "--replicas=0")
         selector = f"app.kubernetes.io/instance={self.release},app.kubernetes.io/component=operator"
@@ -465,29 +261,21 @@ class KindDriver(PollingDriver):
         self.kube.run(*ns, "scale", "deployment", self.release, "--replicas=1")
         self.kube.run(*ns, "rollout", "status", f"deployment/{self.release}", "--timeout=180s", timeout=200)
 
+    def status_rw_dsn(self) -> str | None:
+        return self.dsn("127.0.0.1", self._proxy.port) if self._proxy is not None else None
+
     def rw_dsn(self) -> str:
         if self._proxy is None:
             self._proxy = ServiceProxy(self.kube, self.namespace, f"{self.cluster}-rw", self._forwarder)
-        return self._dsn(self._proxy.port)
+        return self.dsn("127.0.0.1", self._proxy.port)
 
     def member_dsn(self, name: str) -> str:
-        return self._dsn(self._forwarder(name).port())
+        return self.dsn("127.0.0.1", self._forwarder(name).port())
 
     def _forwarder(self, pod: str) -> PodForwarder:
         if pod not in self._forwarders:
             self._forwarders[pod] = PodForwarder(self.kube, self.namespace, pod)
         return self._forwarders[pod]
-
-    def _dsn(self, port: int) -> str:
-        if self._credentials is None:
-            secret = self.kube.json("-n", self.namespace, "get", "secret", f"{self.cluster}-app")
-            data = secret.get("data") or {}
-            self._credentials = {k: base64.b64decode(v).decode() for k, v in data.items()}
-        c = self._credentials
-        return (
-            f"host=127.0.0.1 port={port} user={c.get('username', 'app')} password={c.get('password', '')}"
-            f" dbname={c.get('dbname', 'app')} connect_timeout=5"
-        )
 
     def describe(self) -> str:
         lines = [

@@ -26,7 +26,8 @@ What it does
     and modes honoured, owned by root and the run account's group as ``fsGroup`` would make them),
     ``emptyDir`` (fresh per pod), ``persistentVolumeClaim`` (``root/volumes/<ns>/<claim>``, which
     outlives its pods; the PVC is marked Bound with its requested capacity, the PV controller's
-    part), ``downwardAPI`` (name, namespace, uid, labels, annotations; written once);
+    part; a claim deleted and made again under the same name gets a new, empty directory, as with
+    reclaimPolicy Delete), ``downwardAPI`` (name, namespace, uid, labels, annotations; written once);
   - **paths are mapped**: no pod has its own root filesystem, so a container's mount paths do not
     exist here. Every env value and every command argument that starts with a mount path (or an
     argument ``--flag=PATH`` whose PATH does) is rewritten to the materialised directory, as is the
@@ -112,6 +113,7 @@ import logging
 import os
 import pwd
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -591,7 +593,7 @@ class PodWorker:
                     }
                 }
                 await self.sim.api.quiet("PATCH", pvc_path + "/status", bound)
-            path = self.sim.pvc_dir(self.namespace, claim)
+            path = self.sim.provision(self.namespace, claim, str(pvc["metadata"]["uid"]))
             if not path.exists():
                 self._give(path, 0o775)
             return path
@@ -1063,6 +1065,24 @@ class ClusterSim:
     def pvc_dir(self, namespace: str, claim: str) -> Path:
         """The directory that is the PVC's volume."""
         return self.root / "volumes" / namespace / claim
+
+    def provision(self, namespace: str, claim: str, uid: str) -> Path:
+        """The claim's volume directory. A claim whose uid is not the one the directory was made for (the
+        claim was deleted and made again) gets a new, empty volume: the old directory is removed, as a
+        dynamically provisioned volume with reclaimPolicy Delete is. ``.<claim>.uid`` records the uid."""
+        path = self.pvc_dir(namespace, claim)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        marker = path.parent / f".{claim}.uid"
+        known = marker.read_text() if marker.exists() else None
+        if known == uid:
+            return path
+        if known is not None and path.exists():
+            # Renamed first: the old pod's processes may still run (killed after their grace period).
+            doomed = path.parent / f".{claim}.deleted-{known}"
+            path.rename(doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
+        marker.write_text(uid)
+        return path
 
     def pod_dir(self, namespace: str, pod: str) -> Path | None:
         """The directory of the running pod of that name (volumes, logs, termination logs)."""

@@ -429,3 +429,24 @@ def test_restarts_liveness_and_sigkill_after_the_grace_period(
     kube_server.remove("pods", "default", "stubborn")
     wait_for("stubborn gone", lambda: kube_server.read("pods", "default", "stubborn") is None)
     assert 0.9 < time.monotonic() - started < 6
+
+
+def test_a_deleted_claim_loses_its_volume(
+    kube_server: EmulatedApiServer, sim: ClusterSim, objects: None
+) -> None:
+    """A PVC deleted and created again under the same name (a lost volume: the StatefulSet makes a new
+    claim for the recreated pod) is a new, empty volume, as dynamic provisioning with reclaimPolicy
+    Delete gives; the old claim's directory is removed."""
+    kube_server.create(statefulset(replicas=1))
+    web0 = wait_for("web-0 Ready", lambda: ready_pod(kube_server, "web-0"))
+    data0 = sim.pvc_dir("default", "data-web-0")
+    (data0 / "kept").write_text("lost with the claim")
+    kube_server.remove("persistentvolumeclaims", "default", "data-web-0")
+    kube_server.remove("pods", "default", "web-0")
+    again = wait_for("web-0 again", lambda: ready_pod(kube_server, "web-0", not_uid=web0["metadata"]["uid"]))
+    assert get_json(f"http://{again['status']['podIP']}:8080/info")["data"] == str(data0)
+    assert not (data0 / "kept").exists()
+    assert [p.name for p in data0.parent.iterdir() if "data-web-0" in p.name and p != data0] in (
+        [],
+        [".data-web-0.uid"],
+    )

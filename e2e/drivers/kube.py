@@ -1,0 +1,303 @@
+"""What the Kubernetes drivers (`kind`, `kube-emulated`) share: kubectl, and the mapping of the driver
+interface onto the API (status from the PostgresCluster's `.status` and the Backup and Restore objects,
+kill by pod deletion, switchover by annotation, the operator killed when its status shows a step, the
+`<cluster>-app` Secret's credentials). Each driver says how its operator is stopped and started and how
+a libpq client reaches a pod."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from e2e.driver import (
+    ClusterStatus,
+    DriverError,
+    Manifest,
+    ManifestRefused,
+    MemberStatus,
+    ObjectStatus,
+    PollingDriver,
+    operation_at,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SWITCHOVER_ANNOTATION = "pgherd.io/switchover-to"
+POSTGRES_PORT = 5432
+S3_SECRET = "pgherd-e2e-s3"
+S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+
+
+def env(name: str, default: str) -> str:
+    return os.environ.get(name) or default
+
+
+def with_store(manifest: Manifest, store: dict[str, Any] | None) -> dict[str, Any]:
+    """A copy of `manifest`; a PostgresCluster without spec.backup.store gets `store`."""
+    doc = dict(manifest)
+    if store is None or doc.get("kind") != "PostgresCluster":
+        return doc
+    spec = dict(doc.get("spec") or {})
+    backup = dict(spec.get("backup") or {})
+    if backup.get("store"):
+        return doc
+    backup["store"] = store
+    spec["backup"] = backup
+    doc["spec"] = spec
+    return doc
+
+
+def store_at(endpoint: str, bucket: str, path: str) -> dict[str, Any]:
+    """A PostgresCluster's spec.backup.store on that S3 server, its keys in the Secret S3_SECRET."""
+    return {
+        "s3": {
+            "bucket": bucket,
+            "path": path,
+            "endpoint": endpoint,
+            "forcePathStyle": True,
+            "credentials": {"secretName": S3_SECRET},
+        }
+    }
+
+
+class Kube:
+    """kubectl and helm with the given kubeconfig and context (default: $PGHERD_E2E_KUBE_CONTEXT);
+    failures raise DriverError with their output."""
+
+    def __init__(
+        self, *, kubeconfig: Path | None = None, context: str | None = None, cache_dir: Path | None = None
+    ) -> None:
+        context = context or os.environ.get("PGHERD_E2E_KUBE_CONTEXT")
+        options = [
+            *(["--kubeconfig", str(kubeconfig)] if kubeconfig else []),
+            *(["--context", context] if context else []),
+        ]
+        self.kubectl = [
+            env("KUBECTL", "kubectl"),
+            *options,
+            *(["--cache-dir", str(cache_dir)] if cache_dir else []),
+        ]
+        self.helm = [
+            env("HELM", "helm"),
+            *(["--kubeconfig", str(kubeconfig)] if kubeconfig else []),
+            *(["--kube-context", context] if context else []),
+        ]
+
+    def run(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        return self._run([*self.kubectl, *args], input=input, check=check, timeout=timeout)
+
+    def run_helm(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return self._run([*self.helm, *args], input=None, check=True, timeout=timeout)
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.run(*args, "-o", "json").stdout)
+
+    @staticmethod
+    def _run(
+        argv: list[str], *, input: str | None, check: bool, timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        try:
+            result = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise DriverError(f"`{' '.join(argv)}` did not finish within {timeout:.0f} s") from exc
+        if check and result.returncode != 0:
+            raise DriverError(
+                f"`{' '.join(argv)}` exited with {result.returncode}: {result.stderr.strip() or result.stdout.strip()}"
+            )
+        return result
+
+
+class KubeDriver(PollingDriver):
+    """The driver interface on a Kubernetes API, for one cluster in its own namespace."""
+
+    name = "kube"
+    poll_interval = 1.0
+
+    def __init__(
+        self, workdir: Path, cluster: str, kube: Kube, *, postgres_version: int, store: dict[str, Any] | None
+    ) -> None:
+        self.workdir = Path(workdir)
+        self.cluster = cluster
+        self.kube = kube
+        self.namespace = f"pgherd-e2e-{cluster}"[:63]
+        self.postgres_version = postgres_version
+        self._store = store
+        self._credentials: dict[str, str] | None = None
+        self._applied = 0
+
+    # -- what a concrete driver provides ---------------------------------------------------------------
+
+    def stop_operator(self) -> None:  # pragma: no cover - provided by the concrete driver
+        raise NotImplementedError
+
+    def resume_operator(self) -> None:  # pragma: no cover - provided by the concrete driver
+        raise NotImplementedError
+
+    def status_rw_dsn(self) -> str | None:
+        """The rwDsn shown in status() (None when none was asked for yet)."""
+        return None
+
+    def wiped(self, claims: list[str]) -> None:
+        """After the claims of a killed member were deleted (a platform may have more to remove)."""
+
+    # -- the Driver interface --------------------------------------------------------------------------
+
+    def copy_secret(self, source_namespace: str, source: str, name: str, keys: tuple[str, ...]) -> None:
+        """A Secret's `keys` into this cluster's namespace as `name`, on stdin (never on a command line or
+        in the workdir: the keys stay out of logs and artifacts)."""
+        data = self.kube.json("-n", source_namespace, "get", "secret", source).get("data") or {}
+        missing = [key for key in keys if key not in data]
+        if missing:
+            raise DriverError(f"the Secret {source_namespace}/{source} lacks {', '.join(missing)}")
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "Opaque",
+            "metadata": {"name": name, "namespace": self.namespace},
+            "data": {key: data[key] for key in keys},
+        }
+        self.kube.run("apply", "-f", "-", input=json.dumps(secret))
+
+    def apply(self, manifest: Manifest) -> None:
+        self._applied += 1
+        doc = with_store(manifest, self._store)
+        path = self.workdir / f"{self._applied:02d}-{str(doc.get('kind')).lower()}.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        result = self.kube.run("-n", self.namespace, "apply", "-f", str(path), check=False)
+        if result.returncode != 0:
+            message = result.stderr.strip() or result.stdout.strip()
+            if "is invalid" in message or "denied the request" in message or "Invalid value" in message:
+                raise ManifestRefused(message)
+            raise DriverError(f"kubectl apply of {path} failed: {message}\n{self.describe()}")
+
+    def status(self) -> ClusterStatus:
+        cluster = self.kube.json("-n", self.namespace, "get", "postgrescluster", self.cluster)
+        raw = cluster.get("status") or {}
+        members: list[MemberStatus] = [
+            {
+                "name": m["name"],
+                "role": m.get("role", "unknown"),
+                "ready": bool(m.get("ready")),
+                "port": None,
+                "dsn": None,
+                "lagBytes": m.get("lagBytes"),
+                "timeline": m.get("timeline"),
+            }
+            for m in raw.get("members") or []
+        ]
+        return {
+            "phase": raw.get("phase"),
+            "message": raw.get("message"),
+            "primary": raw.get("currentPrimary"),
+            "members": members,
+            "rwDsn": self.status_rw_dsn(),
+            "backups": self._objects("backups.pgherd.io", with_id=True),
+            "restores": self._objects("restores.pgherd.io", with_id=False),
+            "conditions": raw.get("conditions") or [],
+            "operation": raw.get("operation"),
+            "instances": raw.get("instances"),
+            "readyInstances": raw.get("readyInstances"),
+        }
+
+    def _objects(self, resource: str, *, with_id: bool) -> list[ObjectStatus]:
+        """This cluster's Backups or Restores (fully qualified: `backups` alone may name another API's kind)."""
+        items = self.kube.json("-n", self.namespace, "get", resource).get("items", [])
+        found: list[ObjectStatus] = []
+        for item in items:
+            if (item.get("spec") or {}).get("cluster", {}).get("name") != self.cluster:
+                continue
+            status = item.get("status") or {}
+            entry: ObjectStatus = {
+                "name": item["metadata"]["name"],
+                "phase": status.get("phase"),
+                "error": status.get("error"),
+            }
+            if with_id:
+                entry["backupId"] = status.get("backupId")
+            else:
+                entry["keptData"] = status.get("keptData")
+            found.append(entry)
+        return found
+
+    def kill(self, member: str, wipe: bool = False) -> None:
+        claims: list[str] = []
+        if wipe:
+            pod = self.kube.json("-n", self.namespace, "get", "pod", member)
+            claims = [
+                v["persistentVolumeClaim"]["claimName"]
+                for v in pod["spec"].get("volumes", [])
+                if v.get("persistentVolumeClaim")
+            ]
+            for claim in claims:
+                self.kube.run("-n", self.namespace, "delete", "pvc", claim, "--wait=false")
+        self.kube.run(
+            "-n", self.namespace, "delete", "pod", member, "--grace-period=0", "--force", "--wait=false"
+        )
+        for claim in claims:
+            self.kube.run(
+                "-n", self.namespace, "wait", "--for=delete", f"pvc/{claim}", "--timeout=120s", check=False
+            )
+            # A pod recreated while its old claim was still terminating would wait forever for it: recreate it.
+            phase = self.kube.run(
+                "-n", self.namespace, "get", "pod", member, "-o", "jsonpath={.status.phase}", check=False
+            )
+            if phase.stdout.strip() == "Pending":
+                self.kube.run(
+                    "-n", self.namespace, "delete", "pod", member, "--grace-period=0", "--force", "--wait=false"
+                )  # fmt: skip
+        if claims:
+            self.wiped(claims)
+
+    def switchover(self, to: str | None = None) -> None:
+        target = to or "any"
+        self.kube.run(
+            "-n", self.namespace, "annotate", "postgrescluster", self.cluster, f"{SWITCHOVER_ANNOTATION}={target}", "--overwrite"
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            annotations = (
+                self.kube.json("-n", self.namespace, "get", "postgrescluster", self.cluster)["metadata"].get(
+                    "annotations"
+                )
+                or {}
+            )
+            if SWITCHOVER_ANNOTATION not in annotations:
+                primary = self.status().get("primary")
+                if to is not None and primary != to:
+                    raise DriverError(
+                        f"switchover to {to} was not done (primary {primary}): see the cluster's Events\n{self.describe()}"
+                    )
+                return
+            time.sleep(self.poll_interval)
+        raise DriverError(
+            f"the operator did not act on {SWITCHOVER_ANNOTATION}={target} within 120 s\n{self.describe()}"
+        )
+
+    def kill_operator(self, at_step: str | None = None, done: int = 0) -> None:
+        if at_step is not None:
+            # No crash point in a real operator: kill it as soon as the status shows the step.
+            self.wait_for(operation_at(at_step, done), 180, f"the operation to reach step {at_step!r}")
+        self.stop_operator()
+
+    def credentials(self) -> dict[str, str]:
+        """The `<cluster>-app` Secret's keys (username, password, dbname), read once."""
+        if self._credentials is None:
+            secret = self.kube.json("-n", self.namespace, "get", "secret", f"{self.cluster}-app")
+            data = secret.get("data") or {}
+            self._credentials = {k: base64.b64decode(v).decode() for k, v in data.items()}
+        return self._credentials
+
+    def dsn(self, host: str, port: int) -> str:
+        c = self.credentials()
+        return (
+            f"host={host} port={port} user={c.get('username', 'app')} password={c.get('password', '')}"
+            f" dbname={c.get('dbname', 'app')} connect_timeout=5"
+        )
