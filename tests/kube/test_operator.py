@@ -55,10 +55,14 @@ def cluster_manifest(name: str = "hippo", instances: int = 3, **spec: Any) -> di
 
 @contextlib.contextmanager
 def running_operator(
-    server: EmulatedApiServer, *, election: Election | None = None, token: str = TOKEN
+    server: EmulatedApiServer,
+    *,
+    election: Election | None = None,
+    token: str = TOKEN,
+    config: OperatorConfig | None = None,
 ) -> Iterator[Operator]:
     operator = Operator(
-        config=OperatorConfig(steady_interval=0.2, busy_interval=0.1),
+        config=config or OperatorConfig(steady_interval=0.2, busy_interval=0.1),
         election=election,
         credentials=Credentials(server=server.url, token=token),
     )

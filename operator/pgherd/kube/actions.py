@@ -117,6 +117,25 @@ async def _label(ctx: ActContext, member: str, role: str | None) -> None:
         labels[names.LABEL_ROLE] = role
 
 
+async def label_replicas(ctx: ActContext) -> None:
+    """``pgherd.io/role=replica`` (what the -ro Service selects) on each unlabelled pod whose agent
+    reports a replica. Never the primary label: only SetPrimary gives that, after a promotion."""
+    for pod in ctx.objects.pods:
+        member = pod["metadata"]["name"]
+        status = _status(ctx, member)
+        labels = pod["metadata"].get("labels") or {}
+        if status is None or status.role != "replica" or labels.get(names.LABEL_ROLE) is not None:
+            continue
+        if pod["metadata"].get("deletionTimestamp"):
+            continue
+        if not ctx.may_act():
+            raise NotLeader()
+        try:
+            await _label(ctx, member, names.ROLE_REPLICA)
+        except ApiError as exc:  # the pod went meanwhile: seen again next time
+            log.info("labelling %s as a replica: %s", member, exc)
+
+
 async def create_member(ctx: ActContext, action: act.CreateMember) -> None:
     if ctx.objects.replicas() <= action.ordinal:
         await _set_replicas(ctx, action.ordinal + 1)

@@ -30,7 +30,7 @@ from pgherd.engine.revision import spec_revision
 from pgherd.engine.status import OperationKind
 from pgherd.engine.view import Role
 from pgherd.kube import names
-from pgherd.kube.actions import ActContext, NotLeader, apply_all
+from pgherd.kube.actions import ActContext, NotLeader, apply_all, label_replicas
 from pgherd.kube.agents import Agents
 from pgherd.kube.api import ApiError, KubeApi
 from pgherd.kube.events import Events
@@ -202,6 +202,7 @@ class ClusterLoop:
         )
         try:
             await apply_all(context, decision.actions)
+            await label_replicas(context)
         except NotLeader:
             log.info("%s/%s: leadership lost: stopped acting", self.namespace, self.name)
             self.engine = None
