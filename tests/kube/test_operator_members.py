@@ -12,7 +12,9 @@ The operator runs with `--member-address ip` semantics: there is no DNS here.
 from __future__ import annotations
 
 import base64
+import json
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -113,6 +115,20 @@ class Bed:
     def wait_settled(self, instances: int = 3, timeout: float = 150) -> dict[str, Any]:
         return eventually(lambda: self.settled(instances), timeout, f"Running with {instances} ready members")
 
+    def scale(self, replicas: int) -> None:
+        """PATCH the scale subresource over HTTP."""
+        url = (
+            f"{self.server.url}/apis/{names.API_VERSION}/namespaces/{NS}/{names.PLURAL_CLUSTERS}/{NAME}/scale"
+        )
+        request = urllib.request.Request(
+            url,
+            data=json.dumps({"spec": {"replicas": replicas}}).encode(),
+            method="PATCH",
+            headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/merge-patch+json"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            assert json.load(answer)["spec"]["replicas"] == replicas
+
     def events(self, reason: str) -> list[dict[str, Any]]:
         return [e for e in self.server.items("events.k8s.io/v1/events", NS) if e.get("reason") == reason]
 
@@ -206,3 +222,191 @@ def test_a_cluster_becomes_running_with_a_labelled_primary_behind_the_rw_service
     assert selected == [primary]
     bed.sql(primary, "CREATE TABLE marks (id int PRIMARY KEY, at text)")
     bed.sql(primary, "INSERT INTO marks VALUES (1, 'created')")
+
+
+def replica_of(status: dict[str, Any]) -> str:
+    return next(m["name"] for m in status["members"] if m["name"] != status["currentPrimary"])
+
+
+def test_the_switchover_annotation_runs_to_completion(bed: Bed) -> None:
+    before = bed.wait_settled()
+    target = replica_of(before)
+    bed.server.merge(
+        "postgresclusters", NS, NAME, {"metadata": {"annotations": {names.ANNOTATION_SWITCHOVER: target}}}
+    )
+    eventually(
+        lambda: names.ANNOTATION_SWITCHOVER not in (bed.cluster()["metadata"].get("annotations") or {}),
+        what="the annotation to be removed",
+    )
+    after = bed.wait_settled()
+    assert after["currentPrimary"] == target
+    assert bed.role(target) == "primary" and bed.role(before["currentPrimary"]) == "replica"
+    assert bed.sql(target, "SELECT pg_is_in_recovery()") == [(False,)]
+    (event,) = [e for e in bed.events("Switchover") if target in e["note"]]
+    assert event["type"] == "Normal"
+    bed.sql(target, "INSERT INTO marks VALUES (2, 'switched over')")
+
+
+def backup_manifest(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": "Backup",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"cluster": {"name": NAME}},
+    }
+
+
+def backup_phase(bed: Bed, name: str, phase: str) -> dict[str, Any] | None:
+    found = bed.server.read("backups", NS, name) or {}
+    status = found.get("status") or {}
+    return status if status.get("phase") == phase else None
+
+
+def test_a_backup_runs_a_job_to_completed(bed: Bed) -> None:
+    bed.wait_settled()
+    bed.server.create(backup_manifest("first"))
+    job = eventually(lambda: bed.server.read("jobs", NS, "first-snapshot"), what="the snapshot Job")
+    assert job["metadata"]["labels"][names.LABEL_BACKUP] == "first"
+    status = eventually(lambda: backup_phase(bed, "first", "Completed"), 120, "the Backup Completed")
+    assert status["backupId"] and status["startLSN"] and status["endLSN"] and status["timeline"] >= 1
+    assert status["size"] and status["storedSize"]
+    keys = bed.s3.client().list_objects_v2(Bucket=bed.s3.bucket, Prefix=f"{bed.store_path}/{NAME}/")
+    assert any(f"snapshots/{status['backupId']}/" in item["Key"] for item in keys.get("Contents", []))
+    last = eventually(lambda: bed.status().get("lastSuccessfulBackup"), what="lastSuccessfulBackup")
+    assert "first" in str(last) or status["backupId"] in str(last)
+
+
+def test_a_backup_whose_store_refuses_fails_with_a_condition_and_an_event(bed: Bed) -> None:
+    bed.wait_settled()
+    bed.server.merge("secrets", NS, S3_SECRET, {"data": s3_secret(bed.s3, "not-the-key")["data"]})
+    try:
+        bed.server.create(backup_manifest("refused"))
+        status = eventually(lambda: backup_phase(bed, "refused", "Failed"), 120, "the Backup Failed")
+    finally:
+        bed.server.merge("secrets", NS, S3_SECRET, {"data": s3_secret(bed.s3)["data"]})
+    assert status.get("error")
+    condition = eventually(
+        lambda: next(
+            (
+                c
+                for c in bed.status().get("conditions") or []
+                if c["type"] == "LastBackupSucceeded" and c["status"] == "False"
+            ),
+            None,
+        ),
+        what="LastBackupSucceeded False",
+    )
+    assert "refused" in condition["message"]
+    (event,) = eventually(lambda: bed.events("BackupFailed"), what="a BackupFailed Event")
+    assert event["type"] == "Warning" and event["regarding"]["name"] == "refused"
+    bed.wait_settled()  # the operator goes on
+
+
+def restore_phase(bed: Bed, name: str) -> dict[str, Any]:
+    found = bed.server.read("restores", NS, name) or {}
+    return dict(found.get("status") or {})
+
+
+def test_a_restore_completes_in_place(bed: Bed) -> None:
+    before = bed.wait_settled()
+    primary = before["currentPrimary"]
+    bed.sql(primary, "INSERT INTO marks VALUES (3, 'after the backup')")
+    bed.server.create(
+        {
+            "apiVersion": names.API_VERSION,
+            "kind": "Restore",
+            "metadata": {"name": "back", "namespace": NS},
+            "spec": {"cluster": {"name": NAME}, "backup": "first", "target": {"immediate": True}},
+        }
+    )
+    seen: set[str] = set()
+
+    def completed() -> dict[str, Any] | None:
+        status = restore_phase(bed, "back")
+        seen.add(status.get("phase", "Pending"))
+        assert status.get("phase") != "Failed", status
+        return status if status.get("phase") == "Completed" else None
+
+    status = eventually(completed, 240, "the Restore Completed")
+    assert status["restoredTimeline"] > before["timeline"]
+    assert status["startedAt"] and status["completedAt"] and status["snapshotId"]
+    assert {"Fencing", "Restoring", "Rebuilding"} <= seen, seen
+    assert status["keptData"], "the replaced data directories are kept aside"
+    after = bed.wait_settled()
+    assert after["currentPrimary"] == f"{NAME}-0"
+    # Restored to the snapshot's end: what was written after the backup is gone.
+    assert bed.sql(after["currentPrimary"], "SELECT id FROM marks ORDER BY id") == [(1,), (2,)]
+    record = bed.cluster()["metadata"]["annotations"][names.ANNOTATION_RESTORE]
+    assert '"back"' in record and f'"{NAME}-0"' in record
+
+
+def test_a_restart_parameter_rolls_out_replicas_first_and_the_old_primary_last(bed: Bed) -> None:
+    before = bed.wait_settled()
+    old_primary = before["currentPrimary"]
+    start = len(bed.server.calls)
+    bed.server.merge("postgresclusters", NS, NAME, {"spec": {"parameters": {"max_connections": "50"}}})
+    plan = eventually(
+        lambda: (op := bed.status().get("operation")) and op.get("kind") == "Rollout" and op,
+        60,
+        "a rollout plan in status.operation",
+    )
+    bed.wait_settled(timeout=240)
+    assert eventually(lambda: bed.status()["image"] and bed.status().get("operation") is None, what="done")
+    deleted = [
+        c.name
+        for c in bed.server.calls[start:]
+        if c.resource == "pods" and c.verb == "delete" and c.user == USER and c.name
+    ]
+    order = list(dict.fromkeys(deleted))
+    assert sorted(order) == sorted(m["name"] for m in before["members"]), (order, plan)
+    assert order[-1] == old_primary, (order, plan)
+    after = bed.status()
+    assert after["currentPrimary"] != old_primary
+    assert bed.sql(after["currentPrimary"], "SHOW max_connections") == [("50",)]
+    for member in before["members"]:
+        assert bed.sql(member["name"], "SHOW max_connections") == [("50",)]
+
+
+def test_scale_up_with_spec_instances_and_down_with_the_scale_subresource(bed: Bed) -> None:
+    bed.wait_settled()
+    bed.server.merge("postgresclusters", NS, NAME, {"spec": {"instances": 5}})
+    status = bed.wait_settled(5, timeout=180)
+    assert status["instances"] == 5
+    assert {p["metadata"]["name"] for p in bed.pods()} == {f"{NAME}-{i}" for i in range(5)}
+    primary = status["currentPrimary"]
+    assert bed.sql(f"{NAME}-4", "SELECT count(*) FROM marks") == bed.sql(
+        primary, "SELECT count(*) FROM marks"
+    )
+    bed.scale(3)  # as `kubectl scale pgc/hippo --replicas 3`
+    assert bed.cluster()["spec"]["instances"] == 3
+    status = bed.wait_settled(3, timeout=120)
+    eventually(lambda: len(bed.pods()) == 3, what="two pods gone")
+    assert bed.server.read("statefulsets", NS, NAME)["spec"]["replicas"] == 3  # type: ignore[index]
+    assert status["instances"] == 3
+
+
+def test_a_deleted_primary_pod_is_switched_over_before_its_postgres_stops(bed: Bed) -> None:
+    """Its agent holds PostgreSQL up (within the grace period) until the engine switched over: a
+    switchover, never a failover, and the old pod goes long before its 120 s grace period ends."""
+    before = bed.wait_settled()
+    old = before["currentPrimary"]
+    bed.sql(old, "INSERT INTO marks VALUES (4, 'before the drain')")
+    old_pod = bed.pod(old)
+    assert old_pod is not None
+    started = time.monotonic()
+    bed.server.remove("pods", NS, old)
+    kinds: set[str] = set()
+
+    def replaced() -> bool:
+        operation = bed.status().get("operation") or {}
+        if operation.get("kind"):
+            kinds.add(operation["kind"])
+        pod = bed.pod(old)
+        return pod is not None and pod["metadata"]["uid"] != old_pod["metadata"]["uid"]
+
+    eventually(replaced, 90, "the old primary's pod replaced")
+    assert time.monotonic() - started < 60
+    after = bed.wait_settled()
+    assert after["currentPrimary"] != old and bed.role(after["currentPrimary"]) == "primary"
+    assert "Failover" not in kinds and "Switchover" in kinds, kinds
+    assert (4,) in bed.sql(after["currentPrimary"], "SELECT id FROM marks")

@@ -111,7 +111,17 @@ def cluster_status(
         "systemIdentifier": system_id,
         "operation": None if operation is None else operation.to_dict(),
         "engine": decision.status.to_dict(),
+        "lastSuccessfulBackup": last_successful_backup(view) or previous.get("lastSuccessfulBackup"),
     }
+
+
+def last_successful_backup(view: ClusterView) -> str | None:
+    """The name of the cluster's most recently completed Backup."""
+    done = [b for b in view.backups if b.phase == "Completed"]
+    if not done:
+        return None
+    newest = max(done, key=lambda b: (b.completed_at.timestamp() if b.completed_at else 0.0, b.name))
+    return newest.name
 
 
 def unchanged(document: Mapping[str, Any], previous: Mapping[str, Any]) -> bool:
