@@ -208,6 +208,45 @@ def test_deleting_a_cluster_runs_the_finalizer_and_leaves_nothing_blocked(
     eventually(lambda: kube_server.read("services", NS, "hippo-rw") is None, what="the Services to go")
 
 
+def data_volume(cluster: str, name: str) -> dict[str, Any]:
+    """A PVC as the StatefulSet controller makes it from the claim template (labelled with the cluster)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": NS, "labels": {names.LABEL_CLUSTER: cluster}},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+
+
+def test_deleting_a_cluster_keeps_its_volumes_unless_its_delete_policy_says_delete(
+    kube_server: EmulatedApiServer,
+) -> None:
+    kube_server.create(cluster_manifest(name="keep"))
+    kube_server.create(cluster_manifest(name="drop", storage={"size": "1Gi", "deletePolicy": "Delete"}))
+    volumes = {
+        "keep": ["pgdata-keep-0", "pgdata-keep-1"],
+        "drop": ["pgdata-drop-0", "pgdata-drop-1", "notes-drop"],  # the last is not a member's volume
+    }
+    for cluster, claims in volumes.items():
+        for claim in claims:
+            kube_server.create(data_volume(cluster, claim))
+    with running_operator(kube_server):
+        for cluster in volumes:
+            eventually(
+                lambda c=cluster: kube_server.read("statefulsets", NS, c), what=f"{cluster}'s StatefulSet"
+            )
+        for cluster in volumes:
+            kube_server.remove("postgresclusters", NS, cluster)
+        for cluster in volumes:
+            eventually(
+                lambda c=cluster: kube_server.read("postgresclusters", NS, c) is None,
+                timeout=30,
+                what="deletion",
+            )
+    left = {p["metadata"]["name"] for p in kube_server.items("persistentvolumeclaims", NS)}
+    assert left == {"pgdata-keep-0", "pgdata-keep-1", "notes-drop"}
+
+
 @pytest.mark.kube_emulator(validators=[])
 def test_a_spec_the_crd_cannot_refuse_gets_a_condition_and_an_event(kube_server: EmulatedApiServer) -> None:
     bad = cluster_manifest()
@@ -304,9 +343,10 @@ def test_every_request_is_granted_by_the_chart(kube_server: EmulatedApiServer) -
     """The requests of the tests above (objects, status, events, annotation, election), checked against
     the rendered ClusterRole and the leader-election Role."""
     election = Election(namespace="pgherd-system", name="pgherd-leader", identity="solo")
-    manifest = cluster_manifest()
+    manifest = cluster_manifest(storage={"size": "1Gi", "deletePolicy": "Delete"})
     manifest["metadata"]["annotations"] = {names.ANNOTATION_SWITCHOVER: "hippo-9"}
     kube_server.create(manifest)
+    kube_server.create(data_volume("hippo", "pgdata-hippo-0"))
     with running_operator(kube_server, election=election):
         eventually(lambda: kube_server.read("poddisruptionbudgets", NS, "hippo"), what="the PDB")
         kube_server.merge("postgresclusters", NS, "hippo", {"spec": {"instances": 1}})
@@ -319,5 +359,6 @@ def test_every_request_is_granted_by_the_chart(kube_server: EmulatedApiServer) -
         )
     operator_calls = [c for c in kube_server.calls if c.user == "tester"]
     assert operator_calls, "no request recorded"
+    assert any(c.resource == "persistentvolumeclaims" and c.verb == "delete" for c in operator_calls)
     denied = calls_not_allowed(operator_calls, chart_rules("--set", "watchNamespaces={apps}"))
     assert denied == [], "requests the chart does not grant:\n" + "\n".join(str(c.astuple()) for c in denied)

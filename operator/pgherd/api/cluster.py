@@ -112,6 +112,11 @@ class Phase(StrEnum):
     DELETING = "Deleting"
 
 
+class VolumeDeletePolicy(StrEnum):
+    RETAIN = "Retain"
+    DELETE = "Delete"
+
+
 class Storage(ApiModel):
     size: str = Field(
         default="1Gi",
@@ -120,6 +125,14 @@ class Storage(ApiModel):
     )
     storage_class_name: str | None = Field(
         default=None, description="StorageClass of the data volumes; the cluster default when unset."
+    )
+    delete_policy: VolumeDeletePolicy = Field(
+        default=VolumeDeletePolicy.RETAIN,
+        description=(
+            "What deleting the PostgresCluster does to its data volumes (PVCs): Retain keeps them (a"
+            " cluster created again under the same name finds its data); Delete deletes them with the"
+            " cluster, and their data is lost. Backups in the store are never deleted either way."
+        ),
     )
 
 

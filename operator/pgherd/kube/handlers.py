@@ -20,10 +20,12 @@ from typing import Any
 
 import kopf
 
+from pgherd.api.cluster import VolumeDeletePolicy
 from pgherd.kube import names
 from pgherd.kube.api import Credentials, KubeApi
 from pgherd.kube.leader import AlwaysLeader, LeaderElector
 from pgherd.kube.loop import ClusterLoop, OperatorConfig, Wakeups
+from pgherd.kube.objects import delete_volumes
 from pgherd.kube.observe import ClusterObjects
 
 log = logging.getLogger("pgherd.kube")
@@ -179,10 +181,22 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
         operator.wakeups.wake(kwargs["namespace"], kwargs["name"])
 
     @kopf.on.delete(
-        names.GROUP, names.VERSION, names.PLURAL_CLUSTERS, id="deleted", registry=registry, optional=True
+        names.GROUP, names.VERSION, names.PLURAL_CLUSTERS, id="deleted", registry=registry, optional=False
     )
-    def deleted(**kwargs: Any) -> None:
-        log.info("%s/%s deleted: its volumes (PVCs) are kept", kwargs["namespace"], kwargs["name"])
+    async def deleted(**kwargs: Any) -> None:
+        """The finalizer: the data volumes are kept, unless ``storage.deletePolicy`` is Delete. Only the
+        leader acts; another replica leaves the finalizer to it."""
+        namespace, name = kwargs["namespace"], kwargs["name"]
+        policy = ((kwargs["spec"].get("storage") or {}).get("deletePolicy")) or VolumeDeletePolicy.RETAIN
+        if policy != VolumeDeletePolicy.DELETE:
+            log.info("%s/%s deleted: its volumes (PVCs) are kept", namespace, name)
+            return
+        if operator.api is None or not operator.holding():
+            raise kopf.TemporaryError("not the leader: the leader deletes the volumes", delay=5)
+        volumes = await delete_volumes(operator.api, name, _values(kwargs["pgherd_pvcs"], (namespace, name)))
+        log.info(
+            "%s/%s deleted with its volumes (deletePolicy Delete): %s", namespace, name, volumes or "none"
+        )
 
     @kopf.daemon(
         names.GROUP,

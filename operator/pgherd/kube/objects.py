@@ -258,5 +258,20 @@ async def expand_volumes(api: KubeApi, pvcs: list[JSON], spec: PostgresClusterSp
     return refused
 
 
+async def delete_volumes(api: KubeApi, cluster: str, pvcs: list[JSON]) -> list[str]:
+    """Delete the cluster's member data volumes (``storage.deletePolicy: Delete``, when the cluster is
+    deleted): the PVCs named ``pgdata-<cluster>-<ordinal>``. Kubernetes' PVC protection keeps each until
+    its pod is gone. Returns the names deleted."""
+    deleted = []
+    for pvc in pvcs:
+        name = str(pvc["metadata"]["name"])
+        prefix, _, ordinal = name.rpartition("-")
+        if prefix != f"{names.VOLUME_DATA}-{cluster}" or not ordinal.isdigit():
+            continue
+        if await api.delete("PersistentVolumeClaim", pvc["metadata"]["namespace"], name):
+            deleted.append(name)
+    return deleted
+
+
 def _owned_by(obj: JSON, uid: str) -> bool:
     return any(o.get("uid") == uid for o in obj["metadata"].get("ownerReferences") or [])
