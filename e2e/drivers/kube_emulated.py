@@ -10,7 +10,8 @@ How the scenarios' operations map (as the kind driver's, but for the connections
   kill(member)          kubectl delete pod <member> --grace-period=0 --force (the StatefulSet recreates it)
   kill(member, wipe)    the same after deleting the pod's PVC: the new claim gets a new, empty volume
   switchover(to)        annotation pgherd.io/switchover-to=<member|any> on the PostgresCluster
-  kill_operator()       kill -9 of the operator process (a lost operator pod)
+  kill_operator()       kill -9 of the operator process (a lost operator pod); at a step: the moment a
+                        watch of the PostgresCluster shows the step in its status
   resume_operator()     the operator started again, as a new pod of its Deployment (a new identity:
                         it waits for the Lease of the killed one to expire), until its liveness answers
   rw_dsn()              the `<cluster>-rw` Service resolved at each connection: the ready pod its
@@ -30,15 +31,17 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from e2e.driver import DriverError
+from e2e.driver import DriverError, operation_at
 from e2e.drivers.kube import POSTGRES_PORT, REPO_ROOT, S3_KEYS, S3_SECRET, Kube, KubeDriver, env, store_at
 from e2e.drivers.local import installed_postgres_major
 from e2e.emulated import state
 
 UP_TIMEOUT = 180.0
+AT_STEP_TIMEOUT = 180.0
 # A Service without a ready pod behind it: the client's connection is refused, as through kube-proxy.
 NO_ENDPOINT = ("127.0.0.1", 9)
 
@@ -132,10 +135,65 @@ class KubeEmulatedDriver(KubeDriver):
                 return str(status["podIP"]), POSTGRES_PORT
         return NO_ENDPOINT
 
+    def kill(self, member: str, wipe: bool = False) -> None:
+        """kill -9 of the pod's processes (its agent, PostgreSQL and their children, all at once), then the
+        kind driver's pod deletion. The deletion alone would be a SIGTERM with a 2-second grace, as a
+        kubelet gives a force-deleted pod: a clean shutdown, not a lost member."""
+        pod = self._get(f"/api/v1/namespaces/{self.namespace}/pods/{member}")
+        if pod is not None:
+            root = self.dir / "root"
+            claims = [
+                v["persistentVolumeClaim"]["claimName"]
+                for v in pod["spec"].get("volumes") or ()
+                if v.get("persistentVolumeClaim")
+            ]
+            state.kill_tree(
+                root / "pods" / self.namespace / f"{member}-{pod['metadata']['uid'][:8]}",
+                *(root / "volumes" / self.namespace / claim for claim in claims),
+            )
+        super().kill(member, wipe)
+
     # -- the operator and connections --------------------------------------------------------------------
 
     def stop_operator(self) -> None:
         state.kill_operator(self.dir)
+
+    def kill_operator(self, at_step: str | None = None, done: int = 0) -> None:
+        """At once, or the moment the PostgresCluster's status shows the step: watched, not polled, so that
+        a step the operator leaves within a fraction of a second (a switchover's promotion) is caught."""
+        if at_step is None:
+            self.stop_operator()
+            return
+        reached = operation_at(at_step, done)
+        path = f"/apis/pgherd.io/v1alpha1/namespaces/{self.namespace}/postgresclusters"
+        deadline = time.monotonic() + AT_STEP_TIMEOUT
+        while time.monotonic() < deadline:
+            listed = self._get(path, fieldSelector=f"metadata.name={self.cluster}")
+            for item in listed["items"]:
+                if reached({"operation": (item.get("status") or {}).get("operation")}):
+                    self.stop_operator()
+                    return
+            for event in self._watch(path, listed["metadata"]["resourceVersion"], deadline):
+                if reached({"operation": (event["object"].get("status") or {}).get("operation")}):
+                    self.stop_operator()
+                    return
+        raise DriverError(f"the operation did not reach step {at_step!r} within {AT_STEP_TIMEOUT:.0f} s")
+
+    def _watch(self, path: str, resource_version: str, deadline: float) -> Iterator[dict[str, Any]]:
+        """This cluster's watch events from `resource_version` until `deadline` (or the server ends it)."""
+        params = {
+            "watch": "1",
+            "fieldSelector": f"metadata.name={self.cluster}",
+            "resourceVersion": resource_version,
+            "timeoutSeconds": str(max(1, int(deadline - time.monotonic()))),
+        }
+        url = f"{self._api}{path}?{urllib.parse.urlencode(params)}"
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {self._token}"})
+        with urllib.request.urlopen(request, timeout=AT_STEP_TIMEOUT) as response:
+            for line in response:
+                event = json.loads(line)
+                if event.get("type") in ("ADDED", "MODIFIED"):
+                    yield event
 
     def resume_operator(self) -> None:
         state.start_operator(self.dir)

@@ -143,8 +143,45 @@ def processes_under(directory: Path) -> list[int]:
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            if needle in (entry / "cmdline").read_bytes():
-                found.append(int(entry.name))
+            cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue
+        # The directory itself or a path under it (not a sibling whose name it begins).
+        if needle + b"/" in cmdline or needle + b"\0" in cmdline:
+            found.append(int(entry.name))
     return found
+
+
+def _parents() -> dict[int, int]:
+    found: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        found[int(entry.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+    return found
+
+
+def kill_tree(*roots: Path) -> list[int]:
+    """kill -9 of every process whose command line names one of `roots` (a pod's directory, its volumes)
+    and of all their descendants, all at once as the end of a container's cgroup would: every one is
+    stopped (SIGSTOP) first, so that none reacts to another's death, then killed. Returns the pids."""
+    found: set[int] = set()
+    for root in roots:
+        found.update(processes_under(root))
+    parents = _parents()
+    grew = True
+    while grew:
+        children = {pid for pid, parent in parents.items() if parent in found} - found
+        grew = bool(children)
+        found |= children
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+    for pid in found:
+        wait_gone(pid, 5)
+    return sorted(found)
