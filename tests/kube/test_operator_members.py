@@ -29,12 +29,16 @@ from pgherd.kube.loop import OperatorConfig
 
 from .cluster_sim import ClusterSim
 from .conftest import TOKEN, USER
-from .emulator import CRDS_DIR, EmulatedApiServer, pgherd_validator
-from .test_operator import running_operator
+from .emulator import CRDS_DIR, EmulatedApiServer, calls_not_allowed, pgherd_validator
+from .test_operator import chart_rules, running_operator
 
 NS = "apps"
 NAME = "hippo"
 S3_SECRET = "backup-store"
+SIM_TOKEN, PERSON_TOKEN = (
+    "kubelet",
+    "person",
+)  # the emulated node's and the person's requests: not the operator's
 T = TypeVar("T")
 
 
@@ -124,7 +128,10 @@ class Bed:
             url,
             data=json.dumps({"spec": {"replicas": replicas}}).encode(),
             method="PATCH",
-            headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/merge-patch+json"},
+            headers={
+                "Authorization": f"Bearer {PERSON_TOKEN}",
+                "Content-Type": "application/merge-patch+json",
+            },
         )
         with urllib.request.urlopen(request, timeout=10) as answer:
             assert json.load(answer)["spec"]["replicas"] == replicas
@@ -180,7 +187,7 @@ def bed(work_root: Path, s3_server: Any) -> Iterator[Bed]:
     server = EmulatedApiServer(
         crds=[CRDS_DIR],
         validators=[pgherd_validator],
-        tokens={TOKEN: USER},
+        tokens={TOKEN: USER, SIM_TOKEN: "kubelet", PERSON_TOKEN: "person"},
         namespaces=[NS],
         graceful_pod_deletion=True,
     )
@@ -189,7 +196,7 @@ def bed(work_root: Path, s3_server: Any) -> Iterator[Bed]:
     sim = ClusterSim(
         server.url,
         work_root / f"members-{uuid.uuid4().hex[:8]}",
-        token=TOKEN,
+        token=SIM_TOKEN,
         first_ip=f"127.{octets[0] % 250 + 1}.{octets[1]}.2",
         max_probe_period=1,
         stop_grace=3,
@@ -397,16 +404,26 @@ def test_a_deleted_primary_pod_is_switched_over_before_its_postgres_stops(bed: B
     bed.server.remove("pods", NS, old)
     kinds: set[str] = set()
 
-    def replaced() -> bool:
-        operation = bed.status().get("operation") or {}
-        if operation.get("kind"):
-            kinds.add(operation["kind"])
+    def replaced_and_settled() -> dict[str, Any] | None:
+        status = bed.status()
+        kinds.add(str((status.get("operation") or {}).get("kind") or status.get("phase")))
         pod = bed.pod(old)
-        return pod is not None and pod["metadata"]["uid"] != old_pod["metadata"]["uid"]
+        if pod is None or pod["metadata"]["uid"] == old_pod["metadata"]["uid"]:
+            return None
+        return bed.settled(3)
 
-    eventually(replaced, 90, "the old primary's pod replaced")
+    after = eventually(replaced_and_settled, 120, "the old primary's pod replaced, the cluster settled")
     assert time.monotonic() - started < 60
-    after = bed.wait_settled()
     assert after["currentPrimary"] != old and bed.role(after["currentPrimary"]) == "primary"
-    assert "Failover" not in kinds and "Switchover" in kinds, kinds
+    assert "Switchover" in kinds and not {"Failover", "FailingOver", "Failed"} & kinds, kinds
     assert (4,) in bed.sql(after["currentPrimary"], "SELECT id FROM marks")
+
+
+def test_every_request_of_the_operator_is_granted_by_the_chart(bed: Bed) -> None:
+    """Everything above (members, labels, pods, Jobs, Backups, Restores, Events, scale), checked against
+    the rendered ClusterRole."""
+    calls = [c for c in bed.server.calls if c.user == USER]
+    kinds = {(c.resource, c.verb) for c in calls}
+    assert {("pods", "patch"), ("pods", "delete"), ("jobs", "create"), ("restores", "patch")} <= kinds, kinds
+    denied = calls_not_allowed(calls, chart_rules("--set", f"watchNamespaces={{{NS}}}"))
+    assert denied == [], "requests the chart does not grant:\n" + "\n".join(str(c.astuple()) for c in denied)

@@ -19,7 +19,7 @@ from pgherd.engine import actions as act
 from pgherd.kube import names
 from pgherd.kube.agents import Agents
 from pgherd.kube.api import ApiError, KubeApi
-from pgherd.kube.observe import ClusterObjects, pod_ip
+from pgherd.kube.observe import ClusterObjects, container_started, pod_ip
 from pgherd.kube.restores import RestoreRecord, Restores, iso, restore_object, snapshot_to_restore
 from pgherd_backup.agent.client import AgentActionError, AgentClient, AgentError, AgentUnreachable
 from pgherd_backup.agent.wire import ActionResult, FenceRequest, Status
@@ -206,28 +206,29 @@ async def restart_member(ctx: ActContext, action: act.RestartMember) -> None:
 
 async def fence(ctx: ActContext, action: act.Fence) -> None:
     """Out of the rw Service first, then the agent stops PostgreSQL and keeps it stopped. A member
-    whose agent does not answer has its pod deleted: the kubelet kills it, and the pod object goes
-    only once the kubelet confirms, which is the evidence the engine waits for."""
+    whose started agent does not answer has its pod deleted: the kubelet kills it, and the pod object
+    goes only once the kubelet confirms, which is the evidence the engine waits for. A pod whose agent
+    has not started yet (no IP, container not running or not past its startup probe: a pod the
+    StatefulSet just made again) is left alone: nothing there runs PostgreSQL read-write, and its agent
+    soon reports the fence it keeps on its volume."""
     await _label(ctx, action.member, None)
     pod = ctx.objects.pod(action.member)
     ip = _ip(ctx, action.member)
-    if pod is None:
+    if pod is None or ip is None or not container_started(pod):
         return
-    if ip is not None:
-        try:
-            await ctx.agents.call(
-                action.member,
-                ip,
-                "fence",
-                lambda c: c.act(FenceRequest(reason=action.reason), timeout=FENCE_TIMEOUT),
-            )
-            return
-        except AgentUnreachable as exc:
-            log.warning("fencing %s: its agent does not answer (%s): deleting its pod", action.member, exc)
-    if not pod["metadata"].get("deletionTimestamp"):
-        await ctx.api.delete(
-            "Pod", ctx.namespace, action.member, grace_seconds=0, uid=pod["metadata"].get("uid")
+    try:
+        await ctx.agents.call(
+            action.member,
+            ip,
+            "fence",
+            lambda c: c.act(FenceRequest(reason=action.reason), timeout=FENCE_TIMEOUT),
         )
+        return
+    except AgentUnreachable as exc:
+        if pod["metadata"].get("deletionTimestamp"):
+            return  # going already: the kubelet confirms when its processes are gone
+        log.warning("fencing %s: its agent does not answer (%s): deleting its pod", action.member, exc)
+    await ctx.api.delete("Pod", ctx.namespace, action.member, grace_seconds=0, uid=pod["metadata"].get("uid"))
 
 
 async def _spawned(ctx: ActContext, member: str, what: str, fn: Callable[[Any], Any]) -> None:

@@ -108,6 +108,17 @@ def container_running(pod: JSON | None) -> bool:
     return False
 
 
+def container_started(pod: JSON | None) -> bool:
+    """The kubelet reports the postgres container running and past its startup probe: its agent has
+    started (an agent still starting never runs PostgreSQL read-write: it waits for the operator)."""
+    if pod is None or not container_running(pod):
+        return False
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        if container.get("name") == names.CONTAINER_POSTGRES:
+            return bool(container.get("started"))
+    return False
+
+
 def process_gone(pod: JSON | None) -> bool:
     """Positive evidence that nothing runs: no pod, or a pod whose container the kubelet reports not
     running (waiting or terminated). A pod not yet scheduled has nothing running either."""
