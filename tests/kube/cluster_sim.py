@@ -672,7 +672,9 @@ class PodWorker:
         if tmp is None:
             self._give(self.dir / "tmp", 0o1777)
             tmp = str(self.dir / "tmp")
-        env: dict[str, str] = {
+        # The node's own values: local paths already, never mapped (a clone under /tmp, say, is no
+        # container path under a volume mounted at /tmp).
+        node: dict[str, str] = {
             "PATH": f"{self.sim.venv / 'bin'}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "HOSTNAME": self.pod["spec"].get("hostname") or self.name,
             "HOME": str(home),
@@ -682,7 +684,8 @@ class PodWorker:
             "PGHERD_PG_LISTEN": self.ip,
         }
         if "PG_BIN" in os.environ:
-            env["PG_BIN"] = os.environ["PG_BIN"]
+            node["PG_BIN"] = os.environ["PG_BIN"]
+        env = dict(node)
         for source in self.spec_container.get("envFrom") or ():
             prefix = source.get("prefix", "")
             for kind, plural in (("secretRef", "secrets"), ("configMapRef", "configmaps")):
@@ -695,7 +698,7 @@ class PodWorker:
             value = await self._env_value(var, env)
             if value is not None:
                 env[var["name"]] = value
-        return {key: self.map_path(value) for key, value in env.items()}
+        return {key: value if node.get(key) == value else self.map_path(value) for key, value in env.items()}
 
     async def _env_value(self, var: Mapping[str, Any], env: Mapping[str, str]) -> str | None:
         if "valueFrom" not in var:

@@ -243,6 +243,9 @@ def test_statefulset_pods_run_scale_and_survive_deletion(
     assert env["POD_NAME"] == "web-0" and env["POD_IP"] == ips[0] and env["NODE"] == "emulated"
     assert env["SECRET_TOKEN"] == "s3cr3t" and env["GREETING"] == "hello" and env["CM_greeting"] == "hello"
     assert env["PATH"].startswith(str(sim.venv / "bin"))
+    # The node's own paths (the virtualenv, the pod's home) are never taken for container paths, even
+    # under a directory a volume is mounted at in the container (/tmp here; a clone under /tmp in CI).
+    assert Path(env["HOME"]).is_dir(), env["HOME"]
     assert info["files"] == {
         "/etc/sim/secret": {"token.txt": "s3cr3t"},
         "/etc/sim/config": {"greeting": "hello"},
