@@ -347,6 +347,24 @@ def test_a_restore_completes_in_place(bed: Bed) -> None:
     assert '"back"' in record and f'"{NAME}-0"' in record
 
 
+def test_a_restore_of_a_failed_backup_fails_with_an_event_and_changes_nothing(bed: Bed) -> None:
+    before = bed.wait_settled()
+    bed.server.create(
+        {
+            "apiVersion": names.API_VERSION,
+            "kind": "Restore",
+            "metadata": {"name": "from-refused", "namespace": NS},
+            "spec": {"cluster": {"name": NAME}, "backup": "refused"},
+        }
+    )
+    status = eventually(lambda: (s := restore_phase(bed, "from-refused")).get("phase") == "Failed" and s)
+    assert "refused" in status["error"] and status["completedAt"]
+    (event,) = eventually(lambda: bed.events("RestoreFailed"), what="a RestoreFailed Event")
+    assert event["type"] == "Warning" and event["regarding"]["kind"] == "Restore"
+    after = bed.wait_settled()
+    assert after["currentPrimary"] == before["currentPrimary"] and after["timeline"] == before["timeline"]
+
+
 def test_a_restart_parameter_rolls_out_replicas_first_and_the_old_primary_last(bed: Bed) -> None:
     before = bed.wait_settled()
     old_primary = before["currentPrimary"]
@@ -365,8 +383,8 @@ def test_a_restart_parameter_rolls_out_replicas_first_and_the_old_primary_last(b
         if c.resource == "pods" and c.verb == "delete" and c.user == USER and c.name
     ]
     order = list(dict.fromkeys(deleted))
-    assert sorted(order) == sorted(m["name"] for m in before["members"]), (order, plan)
-    assert order[-1] == old_primary, (order, plan)
+    assert order == plan["plan"] and order[-1] == old_primary, (order, plan)
+    assert sorted(order) == sorted(m["name"] for m in before["members"])
     after = bed.status()
     assert after["currentPrimary"] != old_primary
     assert bed.sql(after["currentPrimary"], "SHOW max_connections") == [("50",)]
