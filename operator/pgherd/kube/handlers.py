@@ -178,7 +178,10 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
 
     @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL_CLUSTERS, id="wake", registry=registry)
     def wake_cluster(**kwargs: Any) -> None:
-        operator.wakeups.wake(kwargs["namespace"], kwargs["name"])
+        # Not for the loop's own status writes: only what a user (or kubectl scale) changes.
+        meta = kwargs["body"].get("metadata") or {}
+        seen = (meta.get("generation"), meta.get("deletionTimestamp"), repr(meta.get("annotations")))
+        operator.wakeups.wake_on_change(kwargs["namespace"], kwargs["name"], seen)
 
     @kopf.on.delete(
         names.GROUP, names.VERSION, names.PLURAL_CLUSTERS, id="deleted", registry=registry, optional=False

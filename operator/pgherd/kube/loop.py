@@ -63,6 +63,7 @@ class Wakeups:
     """One asyncio.Event per cluster, set by watch events (the cluster, its pods, its jobs)."""
 
     events: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+    seen: dict[tuple[str, str], object] = field(default_factory=dict)
 
     def get(self, namespace: str, name: str) -> asyncio.Event:
         return self.events.setdefault((namespace, name), asyncio.Event())
@@ -71,6 +72,12 @@ class Wakeups:
         event = self.events.get((namespace, name))
         if event is not None:
             event.set()
+
+    def wake_on_change(self, namespace: str, name: str, fingerprint: object) -> None:
+        """Wake the cluster's loop only when ``fingerprint`` differs from the last one seen."""
+        if self.seen.get((namespace, name)) != fingerprint:
+            self.seen[(namespace, name)] = fingerprint
+            self.wake(namespace, name)
 
 
 class ClusterLoop:
@@ -96,13 +103,16 @@ class ClusterLoop:
         self.last_message: str | None = None
         self.spec_error: str | None = None
         self.expanded_to: str | None = None
+        self.polled = False  # the last tick asked at least one agent
 
     async def close(self) -> None:
         if self.agents is not None:
             await self.agents.close()
 
     def interval(self) -> float:
-        busy = self.last_phase not in (None, "Running", "Paused")
+        """Fast while something is in flight and agents answer what it waits for (their /status changes
+        raise no watch event); otherwise steady: what it waits for then (pods, Jobs, the spec) wakes it."""
+        busy = self.last_phase not in (None, "Running", "Paused") and self.polled
         return self.config.busy_interval if busy else self.config.steady_interval
 
     async def tick(self) -> None:
@@ -162,6 +172,7 @@ class ClusterLoop:
             if (ip := pod_ip(p)) is not None and not self.agents.busy(p["metadata"]["name"])
         }
         statuses = await self.agents.statuses(addresses)
+        self.polled = bool(addresses)
         switchover_to = self._switchover_target(body, objects, statuses)
         view = cluster_view(
             objects,
