@@ -8,6 +8,7 @@ the assertion that caught it and the time taken.
 
     .venv/bin/python bench/engine_mutants.py                       # every mutant, seeds 1 and 2
     .venv/bin/python bench/engine_mutants.py --only instant-votes --seeds 1 2 3
+    .venv/bin/python bench/engine_mutants.py --only --seeds 4 5 6      # the control alone
 
 A control row (``--control``) runs the same search on the unmutated engine first: a mutant's "found"
 means something only when the control passes at that seed.
@@ -211,13 +212,16 @@ def run(mutant: Mutant, seed: int, profile: str) -> tuple[str, float, str, str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="*", help="mutant names")
+    parser.add_argument("--only", nargs="*", help="mutant names (none: the control alone)")
     parser.add_argument("--seeds", nargs="*", type=int, default=[1, 2])
     parser.add_argument("--profile", default="hunt")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--control", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args()
-    chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
+    unknown = sorted(set(args.only or ()) - {m.name for m in MUTANTS})
+    if unknown:
+        parser.error(f"no mutant named {', '.join(unknown)}")
+    chosen = [m for m in MUTANTS if args.only is None or m.name in args.only]
     if args.control:
         chosen.insert(0, CONTROL)
     work = [(m, seed) for m in chosen for seed in args.seeds]
