@@ -217,11 +217,15 @@ async def fence(ctx: ActContext, action: act.Fence) -> None:
     if pod is None or ip is None or not container_started(pod):
         return
     try:
-        await ctx.agents.call(
+        result = await ctx.agents.call(
             action.member,
             ip,
             "fence",
             lambda c: c.act(FenceRequest(reason=action.reason), timeout=FENCE_TIMEOUT),
+        )
+        volume = ctx.objects.pvc(action.member)
+        ctx.agents.remember_fence(
+            action.member, None if volume is None else volume["metadata"].get("uid"), result
         )
         return
     except AgentUnreachable as exc:

@@ -5,6 +5,13 @@ AgentClient is synchronous (http.client): calls run in threads so that one slow 
 the operator's event loop. Long actions (seed, rejoin, demote, unfence, restart, restore) run as one
 background task per member: ``busy(member)`` says whether one is still running, and the engine simply
 repeats a step until it observes its effect.
+
+A fence the agent acknowledged is remembered (``remember_fence``) until the member answers again or
+any other action is sent to it: while its agent does not answer (a terminating primary's agent exits
+once fenced; its pod is made again, on another node for a drain) and its data volume is the same PVC,
+the member is observed as that answer said: fenced, stopped, its WAL ending at the final LSN. The
+fence is kept on that volume and an agent never starts PostgreSQL again without an order, so this is
+what the member is; a drained primary's switchover goes on without waiting for a new pod's agent.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import contextlib
 import logging
 import tempfile
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +30,26 @@ from pgherd_backup.agent.client import AgentClient, AgentError
 from pgherd_backup.agent.wire import ActionResult, Status
 
 log = logging.getLogger("pgherd.kube.agents")
+
+
+@dataclass(frozen=True)
+class Fenced:
+    """An acknowledged fence: the data volume (PVC uid) that keeps it, and the agent's answer."""
+
+    volume_uid: str | None
+    result: ActionResult
+
+    def status(self, cluster: str, member: str) -> Status:
+        return Status(
+            member=member,
+            cluster=cluster,
+            postmaster="stopped",
+            fenced=True,
+            data_present=True,
+            final_lsn=self.result.final_lsn,
+            shutdown_clean=self.result.shutdown_clean,
+            timeline=self.result.timeline,
+        )
 
 
 class Agents:
@@ -48,6 +76,7 @@ class Agents:
             self._ca_file = folder / "ca.crt"
             self._ca_file.write_text(ca_pem)
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._fenced: dict[str, Fenced] = {}
 
     def client(self, member: str, ip: str) -> AgentClient:
         host = f"[{ip}]" if ":" in ip else ip
@@ -79,6 +108,8 @@ class Agents:
         self, member: str, ip: str, what: str, fn: Callable[[AgentClient], ActionResult]
     ) -> ActionResult:
         """A short action, awaited (fence, promote, set-sync, drop-slot)."""
+        if what != "fence":
+            self._fenced.pop(member, None)  # it may act: a fence remembered says nothing any more
         result = await asyncio.to_thread(fn, self.client(member, ip))
         _log(member, what, result)
         return result
@@ -99,6 +130,7 @@ class Agents:
         given its result once the agent answered (not when the call failed)."""
         if self.busy(member):
             return False
+        self._fenced.pop(member, None)
         client = self.client(member, ip)
 
         async def run() -> None:
@@ -115,6 +147,24 @@ class Agents:
 
         self._tasks[member] = asyncio.get_running_loop().create_task(run(), name=f"{what} {member}")
         return True
+
+    def remember_fence(self, member: str, volume_uid: str | None, result: ActionResult) -> None:
+        if volume_uid is not None:
+            self._fenced[member] = Fenced(volume_uid, result)
+
+    def with_fences(
+        self, statuses: Mapping[str, Status | None], volumes: Mapping[str, str | None]
+    ) -> dict[str, Status | None]:
+        """``statuses`` with each remembered fence standing for a member that did not answer, while its
+        data volume (``volumes``: member -> the uid of its PVC) is the one that keeps the fence. A member
+        that answers, or whose volume is another (or gone), is forgotten: its own agent tells."""
+        out = dict(statuses)
+        for member, fenced in list(self._fenced.items()):
+            if out.get(member) is not None or volumes.get(member) != fenced.volume_uid:
+                del self._fenced[member]
+                continue
+            out[member] = fenced.status(self.cluster, member)
+        return out
 
     async def close(self) -> None:
         for task in self._tasks.values():

@@ -171,7 +171,7 @@ class ClusterLoop:
             for p in objects.pods
             if (ip := pod_ip(p)) is not None and not self.agents.busy(p["metadata"]["name"])
         }
-        statuses = await self.agents.statuses(addresses)
+        statuses = self.agents.with_fences(await self.agents.statuses(addresses), objects.volume_uids())
         self.polled = bool(addresses)
         switchover_to = self._switchover_target(body, objects, statuses)
         view = cluster_view(

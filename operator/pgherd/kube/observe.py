@@ -68,6 +68,15 @@ class ClusterObjects:
         wanted = names.pvc(self.name, member)
         return next((p for p in self.pvcs if p["metadata"]["name"] == wanted), None)
 
+    def volume_uids(self) -> dict[str, str | None]:
+        """member -> the uid of its data volume (PVC), for every member with one."""
+        found: dict[str, str | None] = {}
+        for member in self.member_names():
+            volume = self.pvc(member)
+            if volume is not None:
+                found[member] = volume["metadata"].get("uid")
+        return found
+
     def replicas(self) -> int:
         if self.statefulset is None:
             return 0

@@ -1,0 +1,70 @@
+"""The operator's side of the members' agents (operator/pgherd/kube/agents.py): an acknowledged fence
+stands for a member whose agent stopped answering (a terminating primary's agent exits once fenced),
+as long as nothing else was sent to it and its data volume (which keeps the fence) is the same."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from pgherd.agentview import member_view
+from pgherd.kube.agents import Agents
+from pgherd_backup.agent.client import AgentClient
+from pgherd_backup.agent.wire import ActionResult, Status
+
+FENCED = ActionResult("fence", detail="stopped", final_lsn="0/3000148", shutdown_clean=True, timeline=2)
+
+
+def agents() -> Agents:
+    return Agents("db", token="t", ca_pem=None, server_hostname=lambda member: member)
+
+
+def unreachable(_: AgentClient) -> ActionResult:
+    raise OSError("connection refused")
+
+
+def answering(member: str) -> Status:
+    return Status(member=member, cluster="db", role="replica", postmaster="running", data_present=True)
+
+
+def test_an_acknowledged_fence_stands_for_a_member_that_no_longer_answers() -> None:
+    remote = agents()
+    remote.remember_fence("db-0", "uid-a", FENCED)
+    statuses = remote.with_fences({"db-0": None, "db-1": answering("db-1")}, {"db-0": "uid-a", "db-1": "u"})
+    status = statuses["db-0"]
+    assert status is not None and status.fenced and status.postmaster == "stopped"
+    view = member_view("db-0", 0, status, resolve_upstream=lambda _: None)
+    # What a switchover needs of the old primary: fenced, stopped cleanly, where its WAL ends.
+    assert view.fenced and view.stopped and view.shutdown_clean and view.received_lsn == 0x3000148
+    assert view.timeline == 2
+    # Its pod gone, or made again on the same volume, its agent not answering yet: still fenced.
+    assert remote.with_fences({}, {"db-0": "uid-a"})["db-0"] is not None
+
+
+def test_the_fence_is_forgotten_once_the_member_answers_or_has_another_volume() -> None:
+    remote = agents()
+    remote.remember_fence("db-0", "uid-a", FENCED)
+    assert remote.with_fences({"db-0": answering("db-0")}, {"db-0": "uid-a"})["db-0"] == answering("db-0")
+    assert remote.with_fences({"db-0": None}, {"db-0": "uid-a"})["db-0"] is None  # forgotten
+    remote.remember_fence("db-0", "uid-a", FENCED)
+    assert remote.with_fences({"db-0": None}, {"db-0": "uid-b"})["db-0"] is None  # another volume
+    remote.remember_fence("db-0", "uid-a", FENCED)
+    assert remote.with_fences({"db-0": None}, {})["db-0"] is None  # its volume gone
+
+
+def test_any_other_action_sent_to_the_member_forgets_the_fence() -> None:
+    async def scenario() -> None:
+        remote = agents()
+        for what in ("promote", "fence"):
+            remote.remember_fence("db-0", "uid-a", FENCED)
+            # The call fails; it may still have reached the agent.
+            with contextlib.suppress(OSError):
+                await remote.call("db-0", "127.0.0.1", what, unreachable)
+            remembered = remote.with_fences({"db-0": None}, {"db-0": "uid-a"})["db-0"] is not None
+            assert remembered == (what == "fence"), what
+        remote.remember_fence("db-0", "uid-a", FENCED)
+        remote.spawn("db-0", "127.0.0.1", "unfence", lambda c: None)
+        assert remote.with_fences({"db-0": None}, {"db-0": "uid-a"})["db-0"] is None
+        await remote.close()
+
+    asyncio.run(scenario())
