@@ -1,6 +1,7 @@
 """Failover and switchover benchmark: the pgherd sandbox against Patroni with etcd, in the same run.
 
     .venv/bin/python bench/failover_bench.py [--runs 5] [--systems pgherd,patroni-default,patroni-tuned]
+                                             (also: pgherd-kube-emulated, the operator on an emulated cluster)
                                              [--mode quorum|async] [--detection-seconds 3]
                                              [--scenarios failover,crash,switchover]
 
@@ -50,6 +51,7 @@ if __package__ in (None, ""):  # run as a script: make `e2e` and `bench` importa
 from bench._patroni import DEFAULT, TUNED, PatroniCluster, Timing
 from e2e import manifests
 from e2e.driver import healthy
+from e2e.drivers.kube_emulated import KubeEmulatedDriver
 from e2e.drivers.local import LocalDriver
 from e2e.workload import Attempt, WriteLoad, present_ids
 
@@ -105,11 +107,16 @@ class PatroniSystem:
 
 
 class PgherdSystem:
-    label = "pgherd"
+    """pgherd through an e2e driver: the sandbox (`local`), or the real operator on an emulated
+    Kubernetes cluster (`kube-emulated`: a kill is kill -9 of the pod's processes and its deletion, the
+    read-write DSN the pod the `-rw` Service selects at each connection)."""
 
-    def __init__(self, mode: str, detection_seconds: int) -> None:
-        self.workdir = Path(tempfile.mkdtemp(prefix="pgherd-bench-sandbox-"))
-        self.driver = LocalDriver(self.workdir)
+    def __init__(self, mode: str, detection_seconds: int, driver: str = "local") -> None:
+        self.label = "pgherd" if driver == "local" else f"pgherd-{driver}"
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"pgherd-bench-{driver}-"))
+        self.driver: LocalDriver | KubeEmulatedDriver = (
+            LocalDriver(self.workdir) if driver == "local" else KubeEmulatedDriver(self.workdir, "bench")
+        )
         self.manifest = manifests.cluster(
             "bench",
             postgres_version=self.driver.postgres_version,
@@ -132,6 +139,10 @@ class PgherdSystem:
         self.driver.kill(member)
 
     def kill_postgres(self, member: str) -> None:
+        if not isinstance(self.driver, LocalDriver):
+            raise NotImplementedError(
+                f"{self.label}: no kill of PostgreSQL alone (--scenarios failover,switchover)"
+            )
         self.driver.kill(member, postgres_only=True)
 
     def after_failover(self, killed: str) -> None:
@@ -278,14 +289,14 @@ def print_table(results: list[Result], mode: str, detection_seconds: int) -> Non
     print()
     print(f"replication mode: {mode}; pgherd failover.detectionSeconds: {detection_seconds}")
     print(
-        f"{'system':<17} {'failover s (min/med/max)':>26} {'promoted':>9}"
+        f"{'system':<20} {'failover s (min/med/max)':>26} {'promoted':>9}"
         f" {'switchover gap s (min/med/max)':>32} {'postgres-only s (min/med/max)':>31} {'acked':>8} {'lost':>5}"
     )
     for r in results:
         promoted = f"{r.promoted}/{len(r.failovers)}"
         lost = "?" if r.lost is None else str(r.lost)
         print(
-            f"{r.label:<17} {_stats(r.failovers):>26} {promoted:>9} {_stats(r.switchovers):>32}"
+            f"{r.label:<20} {_stats(r.failovers):>26} {promoted:>9} {_stats(r.switchovers):>32}"
             f" {_stats(r.crashes):>31} {r.acked:>8} {lost:>5}"
         )
         for error in r.errors:
@@ -328,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
 
     factories: dict[str, Callable[[], System]] = {
         "pgherd": lambda: PgherdSystem(args.mode, args.detection_seconds),
+        "pgherd-kube-emulated": lambda: PgherdSystem(args.mode, args.detection_seconds, "kube-emulated"),
         "patroni-default": lambda: PatroniSystem(DEFAULT, args.mode),
         "patroni-tuned": lambda: PatroniSystem(TUNED, args.mode),
     }

@@ -71,7 +71,12 @@ class Kube:
     failures raise DriverError with their output."""
 
     def __init__(
-        self, *, kubeconfig: Path | None = None, context: str | None = None, cache_dir: Path | None = None
+        self,
+        *,
+        kubeconfig: Path | None = None,
+        context: str | None = None,
+        cache_dir: Path | None = None,
+        kubectl: str | None = None,
     ) -> None:
         context = context or os.environ.get("PGHERD_E2E_KUBE_CONTEXT")
         options = [
@@ -79,7 +84,7 @@ class Kube:
             *(["--context", context] if context else []),
         ]
         self.kubectl = [
-            env("KUBECTL", "kubectl"),
+            kubectl or env("KUBECTL", "kubectl"),
             *options,
             *(["--cache-dir", str(cache_dir)] if cache_dir else []),
         ]

@@ -7,8 +7,10 @@ per driver, in the driver's workdir (`<workdir>/emulated`, kept with its logs wh
     PGHERD_E2E_EMULATED_PROBE_PERIOD  cap on the pods' probe periods in seconds (default 1)
 
 How the scenarios' operations map (as the kind driver's, but for the connections and the operator):
-  kill(member)          kubectl delete pod <member> --grace-period=0 --force (the StatefulSet recreates it)
-  kill(member, wipe)    the same after deleting the pod's PVC: the new claim gets a new, empty volume
+  kill(member)          kill -9 of the pod's processes: the kubelet starts the container again after its
+                        back-off ($PGHERD_E2E_RESTART_DELAY, 6 s as the local driver's restart delay)
+  kill(member, wipe)    the same, then the kind driver's deletion of the PVC and the pod (grace 0): the
+                        StatefulSet's new pod gets a new claim, a new, empty volume
   switchover(to)        annotation pgherd.io/switchover-to=<member|any> on the PostgresCluster
   kill_operator()       kill -9 of the operator process (a lost operator pod); at a step: the moment a
                         watch of the PostgresCluster shows the step in its status
@@ -37,7 +39,7 @@ from typing import Any
 
 from e2e.driver import DriverError, operation_at
 from e2e.drivers.kube import POSTGRES_PORT, REPO_ROOT, S3_KEYS, S3_SECRET, Kube, KubeDriver, env, store_at
-from e2e.drivers.local import installed_postgres_major
+from e2e.drivers.local import RESTART_DELAY, installed_postgres_major
 from e2e.emulated import state
 
 UP_TIMEOUT = 180.0
@@ -61,15 +63,19 @@ class KubeEmulatedDriver(KubeDriver):
         self._up()
         info = state.read_state(self.dir)
         s3 = info["s3"]
-        os.environ.setdefault("KUBECTL", kubectl_binary())
         super().__init__(
             workdir,
             cluster,
-            Kube(kubeconfig=self.dir / "kubeconfig", cache_dir=self.dir / "kubectl-cache"),
+            Kube(
+                kubeconfig=self.dir / "kubeconfig",
+                cache_dir=self.dir / "kubectl-cache",
+                kubectl=kubectl_binary(),
+            ),
             postgres_version=installed_postgres_major(),
             store=store_at(s3["endpoint"], s3["bucket"], f"e2e-{cluster}"),
         )
         self._api = str(info["api"])
+        self._endpoints: dict[str, tuple[str, int]] = {}
         self._token = self._kubeconfig_token()
         try:
             namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}}
@@ -83,6 +89,7 @@ class KubeEmulatedDriver(KubeDriver):
         argv = [
             sys.executable, "-m", "e2e.emulated", "up", "--dir", str(self.dir),
             "--max-probe-period", env("PGHERD_E2E_EMULATED_PROBE_PERIOD", "1"),
+            "--restart-delay", str(RESTART_DELAY),
         ]  # fmt: skip
         try:
             result = subprocess.run(
@@ -126,32 +133,53 @@ class KubeEmulatedDriver(KubeDriver):
             return NO_ENDPOINT
         selector = ",".join(f"{k}={v}" for k, v in sorted((svc["spec"].get("selector") or {}).items()))
         pods = self._get(f"/api/v1/namespaces/{self.namespace}/pods", labelSelector=selector)["items"]
+        chosen, seen = NO_ENDPOINT, []
         for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
             status = pod.get("status") or {}
             ready = any(
                 c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ()
             )
-            if status.get("podIP") and not pod["metadata"].get("deletionTimestamp") and ready:
-                return str(status["podIP"]), POSTGRES_PORT
-        return NO_ENDPOINT
+            deleting = bool(pod["metadata"].get("deletionTimestamp"))
+            seen.append(
+                f"{pod['metadata']['name']}{'' if ready else ' (not ready)'}{' (deleting)' if deleting else ''}"
+            )
+            if chosen == NO_ENDPOINT and status.get("podIP") and not deleting and ready:
+                chosen = str(status["podIP"]), POSTGRES_PORT
+        self._log_endpoint(service, chosen, seen)
+        return chosen
+
+    def _log_endpoint(self, service: str, chosen: tuple[str, int], seen: list[str]) -> None:
+        """Each change of a Service's resolution, in <workdir>/endpoints.log (for a post-mortem)."""
+        if self._endpoints.get(service) == chosen:
+            return
+        self._endpoints[service] = chosen
+        with open(self.workdir / "endpoints.log", "a") as log:
+            now = time.time()
+            stamp = time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
+            log.write(
+                f"{stamp} {service} -> {chosen[0]}:{chosen[1]} (selected: {', '.join(seen) or 'none'})\n"
+            )
 
     def kill(self, member: str, wipe: bool = False) -> None:
-        """kill -9 of the pod's processes (its agent, PostgreSQL and their children, all at once), then the
-        kind driver's pod deletion. The deletion alone would be a SIGTERM with a 2-second grace, as a
-        kubelet gives a force-deleted pod: a clean shutdown, not a lost member."""
+        """kill -9 of the pod's processes (its agent, PostgreSQL and their children, all at once): the
+        container dies and the kubelet starts it again after its back-off (`--restart-delay`, the local
+        driver's restart delay). With wipe, then the kind driver's PVC and pod deletion: the recreated
+        pod's claim is a new, empty volume."""
         pod = self._get(f"/api/v1/namespaces/{self.namespace}/pods/{member}")
-        if pod is not None:
-            root = self.dir / "root"
-            claims = [
-                v["persistentVolumeClaim"]["claimName"]
-                for v in pod["spec"].get("volumes") or ()
-                if v.get("persistentVolumeClaim")
-            ]
-            state.kill_tree(
-                root / "pods" / self.namespace / f"{member}-{pod['metadata']['uid'][:8]}",
-                *(root / "volumes" / self.namespace / claim for claim in claims),
-            )
-        super().kill(member, wipe)
+        if pod is None:
+            raise DriverError(f"no pod {member} to kill\n{self.describe()}")
+        root = self.dir / "root"
+        claims = [
+            v["persistentVolumeClaim"]["claimName"]
+            for v in pod["spec"].get("volumes") or ()
+            if v.get("persistentVolumeClaim")
+        ]
+        state.kill_tree(
+            root / "pods" / self.namespace / f"{member}-{pod['metadata']['uid'][:8]}",
+            *(root / "volumes" / self.namespace / claim for claim in claims),
+        )
+        if wipe:
+            super().kill(member, wipe=True)
 
     # -- the operator and connections --------------------------------------------------------------------
 
@@ -227,7 +255,8 @@ class KubeEmulatedDriver(KubeDriver):
         lines = [
             f"kube-emulated: {self.dir}, namespace {self.namespace}; look with",
             f"  kubectl --kubeconfig {self.dir}/kubeconfig -n {self.namespace} get pgc,backups.pgherd.io,restores.pgherd.io,pods,pvc,jobs",
-            f"  logs: {self.dir}/operator.log, node.log; pods' output in {self.dir}/root/pods/{self.namespace}/",
+            f"  logs: {self.dir}/operator.log, node.log; pods' output in {self.dir}/root/pods/{self.namespace}/;"
+            f" where -rw led: {self.workdir}/endpoints.log",
         ]
         log = self.dir / "operator.log"
         if log.exists():

@@ -1,7 +1,7 @@
 """`python -m e2e.emulated up --dir DIR` / `down --dir DIR`: an emulated Kubernetes cluster with the
 pgherd operator running in it (see e2e/emulated/__init__.py and docs/e2e.md).
 
-    up --dir DIR [--max-probe-period S] [--stop-grace S] [--no-operator]
+    up --dir DIR [--max-probe-period S] [--stop-grace S] [--restart-delay S] [--no-operator]
     down --dir DIR [--keep]              stop everything `up` started; remove DIR unless --keep
     operator start|kill --dir DIR        start the operator again / kill -9 it (a lost operator pod)
     serve --dir DIR                      the node process `up` starts (not for direct use)
@@ -21,7 +21,9 @@ from e2e.emulated import state
 UP_TIMEOUT = 120.0
 
 
-def up(directory: Path, *, max_probe_period: float, stop_grace: float, operator: bool) -> None:
+def up(
+    directory: Path, *, max_probe_period: float, stop_grace: float, restart_delay: float, operator: bool
+) -> None:
     if (directory / state.STATE).exists() and state.alive(state.read_state(directory).get("nodePid")):
         raise SystemExit(
             f"{directory} already holds a running emulated cluster: `down --dir {directory}` first"
@@ -31,6 +33,7 @@ def up(directory: Path, *, max_probe_period: float, stop_grace: float, operator:
     argv = [
         sys.executable, "-m", "e2e.emulated", "serve", "--dir", str(directory),
         "--max-probe-period", str(max_probe_period), "--stop-grace", str(stop_grace),
+        "--restart-delay", str(restart_delay),
     ]  # fmt: skip
     with open(directory / "node.log", "ab") as log:
         node = subprocess.Popen(
@@ -72,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--dir", type=Path, required=True)
         p.add_argument("--max-probe-period", type=float, default=1.0, help="cap on probe periods (s)")
         p.add_argument("--stop-grace", type=float, default=5.0, help="SIGTERM to SIGKILL at down (s)")
+        p.add_argument(
+            "--restart-delay", type=float, default=10.0,
+            help="the kubelet's back-off before a dead container is started again (s; a real kubelet's first is 10)",
+        )  # fmt: skip
         if name == "up":
             p.add_argument("--no-operator", action="store_true", help="do not start the operator")
     p = sub.add_parser("down")
@@ -87,12 +94,18 @@ def main(argv: list[str] | None = None) -> int:
             directory,
             max_probe_period=args.max_probe_period,
             stop_grace=args.stop_grace,
+            restart_delay=args.restart_delay,
             operator=not args.no_operator,
         )
     elif args.command == "serve":
         from e2e.emulated.node import serve
 
-        serve(directory, max_probe_period=args.max_probe_period, stop_grace=args.stop_grace)
+        serve(
+            directory,
+            max_probe_period=args.max_probe_period,
+            stop_grace=args.stop_grace,
+            restart_delay=args.restart_delay,
+        )
     elif args.command == "down":
         down(directory, keep=args.keep)
     elif args.action == "start":

@@ -51,7 +51,7 @@ def s3_secret(namespace: str, access_key: str, secret_key: str) -> dict[str, Any
     }
 
 
-def serve(directory: Path, *, max_probe_period: float, stop_grace: float) -> None:
+def serve(directory: Path, *, max_probe_period: float, stop_grace: float, restart_delay: float) -> None:
     sys.path.insert(0, str(REPO / "tests"))
     from kube.cluster_sim import ClusterSim
     from kube.emulator import CRDS_DIR, EmulatedApiServer, pgherd_validator, write_kubeconfig
@@ -98,6 +98,7 @@ def serve(directory: Path, *, max_probe_period: float, stop_grace: float) -> Non
         first_ip=pod_ips(),
         max_probe_period=max_probe_period,
         stop_grace=stop_grace,
+        restart_backoff=(restart_delay, restart_delay),
     ).start()
 
     (directory / OPERATOR).write_text(

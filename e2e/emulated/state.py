@@ -135,19 +135,20 @@ def _kill(pid: int) -> None:
 
 
 def processes_under(directory: Path) -> list[int]:
-    """Processes whose command line names `directory` (PostgreSQL's -D, the agents' and Jobs' paths):
-    what a node process killed before its pods could leave behind."""
+    """Processes whose command line or environment names `directory` (PostgreSQL's -D; a pod's
+    processes have their HOME and TMPDIR in the pod's directory): what a node process killed before
+    its pods could leave behind, or a pod's processes."""
     needle = str(directory.resolve()).encode()
     found: list[int] = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            cmdline = (entry / "cmdline").read_bytes()
+            text = (entry / "cmdline").read_bytes() + b"\0" + (entry / "environ").read_bytes() + b"\0"
         except OSError:
             continue
         # The directory itself or a path under it (not a sibling whose name it begins).
-        if needle + b"/" in cmdline or needle + b"\0" in cmdline:
+        if needle + b"/" in text or needle + b"\0" in text:
             found.append(int(entry.name))
     return found
 
