@@ -15,6 +15,7 @@ import base64
 import contextlib
 import json
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -74,6 +75,25 @@ class Bed:
     s3: Any  # tests/conftest.py S3Endpoint
     store_path: str
     operator: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    phases: list[str] = field(default_factory=list)  # every status.phase written, in order (watch_phases)
+
+    def watch_phases(self) -> None:
+        """Record the phase of every write of the cluster (a watch stream, in a daemon thread): a phase
+        held for a single tick is seen too, which polling would miss."""
+
+        def run() -> None:
+            url = (
+                f"{self.server.url}/apis/{names.API_VERSION}/namespaces/{NS}/{names.PLURAL_CLUSTERS}"
+                f"?watch=1&fieldSelector=metadata.name%3D{NAME}&timeoutSeconds=3600"
+            )
+            request = urllib.request.Request(url, headers={"Authorization": f"Bearer {PERSON_TOKEN}"})
+            with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(request) as stream:
+                for line in stream:
+                    phase = ((json.loads(line)["object"].get("status") or {}).get("phase")) or ""
+                    if not self.phases or self.phases[-1] != phase:
+                        self.phases.append(phase)
+
+        threading.Thread(target=run, name="phases", daemon=True).start()
 
     def start_operator(self) -> None:
         self.operator.enter_context(running_operator(self.server, config=CONFIG))
@@ -222,6 +242,7 @@ def bed(work_root: Path, s3_server: Any) -> Iterator[Bed]:
             server.create(s3_secret(s3_server))
             server.create(cluster_manifest(s3_server, store_path))
             bed = Bed(server, sim, s3_server, store_path)
+            bed.watch_phases()
             bed.start_operator()
             try:
                 yield bed
@@ -255,6 +276,7 @@ def replica_of(status: dict[str, Any]) -> str:
 def test_the_switchover_annotation_runs_to_completion(bed: Bed) -> None:
     before = bed.wait_settled()
     target = replica_of(before)
+    seen = len(bed.phases)
     bed.server.merge(
         "postgresclusters", NS, NAME, {"metadata": {"annotations": {names.ANNOTATION_SWITCHOVER: target}}}
     )
@@ -268,6 +290,8 @@ def test_the_switchover_annotation_runs_to_completion(bed: Bed) -> None:
     assert bed.sql(target, "SELECT pg_is_in_recovery()") == [(False,)]
     (event,) = [e for e in bed.events("Switchover") if target in e["note"]]
     assert event["type"] == "Normal"
+    # The members re-pointed at the new primary stayed observed: the quorum was never reported lost.
+    assert "QuorumLost" not in bed.phases[seen:], bed.phases[seen:]
     bed.sql(target, "INSERT INTO marks VALUES (2, 'switched over')")
 
 
@@ -464,6 +488,7 @@ def test_a_deleted_primary_pod_is_switched_over_before_its_postgres_stops(bed: B
     bed.sql(old, "INSERT INTO marks VALUES (4, 'before the drain')")
     old_pod = bed.pod(old)
     assert old_pod is not None
+    seen = len(bed.phases)
     started = time.monotonic()
     bed.server.remove("pods", NS, old)
     kinds: set[str] = set()
@@ -483,6 +508,7 @@ def test_a_deleted_primary_pod_is_switched_over_before_its_postgres_stops(bed: B
     assert after["currentPrimary"] != old and bed.role(after["currentPrimary"]) == "primary"
     assert "Switchover" in kinds and not {"Failover", "FailingOver", "Failed"} & kinds, kinds
     assert replacement_answered_first == [False], "the promotion waited for the old primary's new pod"
+    assert "QuorumLost" not in bed.phases[seen:], bed.phases[seen:]
     assert (4,) in bed.sql(after["currentPrimary"], "SELECT id FROM marks")
 
 

@@ -166,11 +166,9 @@ class ClusterLoop:
                         warning=True,
                     ),
                 )
-        addresses = {
-            p["metadata"]["name"]: ip
-            for p in objects.pods
-            if (ip := pod_ip(p)) is not None and not self.agents.busy(p["metadata"]["name"])
-        }
+        # Every member, busy ones too: an agent answers /status during its actions (its `action` says
+        # which), and a member left out would look unreachable (a re-pointed replica: quorum lost).
+        addresses = {p["metadata"]["name"]: ip for p in objects.pods if (ip := pod_ip(p)) is not None}
         statuses = self.agents.with_fences(await self.agents.statuses(addresses), objects.volume_uids())
         self.polled = bool(addresses)
         switchover_to = self._switchover_target(body, objects, statuses)
