@@ -418,8 +418,12 @@ def test_a_restore_of_a_failed_backup_fails_with_an_event_and_changes_nothing(be
     assert after["currentPrimary"] == before["currentPrimary"] and after["timeline"] == before["timeline"]
 
 
+UNHEALTHY = {"QuorumLost", "FailingOver", "Failed", "Recovering"}
+
+
 def test_a_restart_parameter_rolls_out_replicas_first_and_the_old_primary_last(bed: Bed) -> None:
     before = bed.wait_settled()
+    seen = len(bed.phases)
     old_primary = before["currentPrimary"]
     start = len(bed.server.calls)
     bed.server.merge("postgresclusters", NS, NAME, {"spec": {"parameters": {"max_connections": "50"}}})
@@ -441,12 +445,14 @@ def test_a_restart_parameter_rolls_out_replicas_first_and_the_old_primary_last(b
     after = bed.status()
     assert after["currentPrimary"] != old_primary
     assert bed.sql(after["currentPrimary"], "SHOW max_connections") == [("50",)]
+    assert not UNHEALTHY & set(bed.phases[seen:]), bed.phases[seen:]
     for member in before["members"]:
         assert bed.sql(member["name"], "SHOW max_connections") == [("50",)]
 
 
 def test_scale_up_with_spec_instances_and_down_with_the_scale_subresource(bed: Bed) -> None:
     bed.wait_settled()
+    seen = len(bed.phases)
     bed.server.merge("postgresclusters", NS, NAME, {"spec": {"instances": 5}})
     status = bed.wait_settled(5, timeout=180)
     assert status["instances"] == 5
@@ -461,6 +467,7 @@ def test_scale_up_with_spec_instances_and_down_with_the_scale_subresource(bed: B
     eventually(lambda: len(bed.pods()) == 3, what="two pods gone")
     assert bed.server.read("statefulsets", NS, NAME)["spec"]["replicas"] == 3  # type: ignore[index]
     assert status["instances"] == 3
+    assert not UNHEALTHY & set(bed.phases[seen:]), bed.phases[seen:]
 
 
 def agent_answers(pod: dict[str, Any] | None) -> bool:
