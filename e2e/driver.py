@@ -11,6 +11,7 @@ driver builds it from the PostgresCluster's `.status` and the Backup and Restore
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypedDict, runtime_checkable
@@ -103,6 +104,15 @@ class Driver(Protocol):
         supervisor); a real cluster's operator is killed as soon as its status shows that step."""
         ...
 
+    def arm_operator_kill(self, at_step: str, done: int = 0) -> None:
+        """Kill the operator as kill_operator(at_step, done) does, but return at once: call it before the
+        change that starts the operation (the step may pass within a second), then wait_operator_killed()."""
+        ...
+
+    def wait_operator_killed(self, timeout: float = 200) -> None:
+        """Wait until the armed kill happened; raises when it did not."""
+        ...
+
     def resume_operator(self) -> None:
         """Start the operator again; it resumes any recorded operation."""
         ...
@@ -133,6 +143,35 @@ class PollingDriver:
     """What drivers share: wait_for over status(), and helpers on the normalised status."""
 
     poll_interval = 0.5
+    _armed_kill: tuple[threading.Thread, list[BaseException]] | None = None
+
+    def kill_operator(self, at_step: str | None = None, done: int = 0) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def arm_operator_kill(self, at_step: str, done: int = 0) -> None:
+        """kill_operator(at_step, done) in a thread, started now: it sees the operation from before the change."""
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                self.kill_operator(at_step, done)
+            except BaseException as exc:  # reported by wait_operator_killed
+                errors.append(exc)
+
+        thread = threading.Thread(target=run, name="operator-kill", daemon=True)
+        thread.start()
+        self._armed_kill = (thread, errors)
+
+    def wait_operator_killed(self, timeout: float = 200) -> None:
+        if self._armed_kill is None:
+            raise DriverError("no operator kill was armed")
+        thread, errors = self._armed_kill
+        thread.join(timeout)
+        self._armed_kill = None
+        if thread.is_alive():
+            raise DriverError(f"the armed operator kill did not happen within {timeout:.0f} s")
+        if errors:
+            raise errors[0]
 
     def status(self) -> ClusterStatus:  # pragma: no cover - provided by the concrete driver
         raise NotImplementedError

@@ -47,9 +47,15 @@ def _rollout(status: ClusterStatus) -> dict[str, Any] | None:
     return operation if operation and operation.get("kind") == "Rollout" else None
 
 
-def _rolled_out(cluster: Driver, members: list[str], value: str) -> Any:
-    return unless_failed(
-        lambda s: healthy(3)(s) and all(setting(cluster, m, "max_connections") == value for m in members)
+def _resume_until_rolled_out(cluster: Driver, members: list[str], value: str) -> ClusterStatus:
+    """Start the operator again and wait for its resumed rollout to bring every member to ``value``."""
+    cluster.resume_operator()
+    return cluster.wait_for(
+        unless_failed(
+            lambda s: healthy(3)(s) and all(setting(cluster, m, "max_connections") == value for m in members)
+        ),
+        240,
+        f"the resumed rollout to bring every member to max_connections = {value}",
     )
 
 
@@ -62,9 +68,10 @@ def test_operator_killed_mid_rollout_resumes_it(cluster: Driver, manifest: dict[
     load = WriteLoad(cluster.rw_dsn).start()
     try:
         load.wait_for_acks(200)
-        cluster.apply(manifests.with_changes(manifest, parameters={"max_connections": "130"}))
         # Killed once the first replica is done and the second one's restart was ordered.
-        cluster.kill_operator(at_step="restart:", done=1)
+        cluster.arm_operator_kill("restart:", done=1)
+        cluster.apply(manifests.with_changes(manifest, parameters={"max_connections": "130"}))
+        cluster.wait_operator_killed()
         frozen = cluster.status()
         operation = _rollout(frozen)
         assert operation is not None, f"the operation was not recorded before the operator died: {frozen}"
@@ -80,12 +87,7 @@ def test_operator_killed_mid_rollout_resumes_it(cluster: Driver, manifest: dict[
         load.wait_for_acks(50, timeout=30)
         assert (_rollout(cluster.status()) or {}).get("kind") == "Rollout", "the recorded operation vanished"
 
-        cluster.resume_operator()
-        cluster.wait_for(
-            _rolled_out(cluster, members, "130"),
-            240,
-            "the resumed rollout to bring every member to max_connections = 130",
-        )
+        _resume_until_rolled_out(cluster, members, "130")
         load.wait_for_acks(200)
     finally:
         report = load.stop()
@@ -113,9 +115,10 @@ def test_operator_killed_mid_switchover_finishes_it(cluster: Driver, manifest: d
     load = WriteLoad(cluster.rw_dsn).start()
     try:
         load.wait_for_acks(200)
-        cluster.apply(manifests.with_changes(manifest, parameters={"max_connections": "160"}))
         # Killed right after it ordered the promotion of the old primary's successor.
-        cluster.kill_operator(at_step="switchover-promote")
+        cluster.arm_operator_kill("switchover-promote")
+        cluster.apply(manifests.with_changes(manifest, parameters={"max_connections": "160"}))
+        cluster.wait_operator_killed()
         frozen = cluster.status()
         operation = _rollout(frozen)
         assert operation is not None and operation.get("step") == "switchover-promote", (
@@ -125,12 +128,7 @@ def test_operator_killed_mid_switchover_finishes_it(cluster: Driver, manifest: d
         writable = primaries(cluster, members)
         assert len(writable) <= 1, f"two members accept writes while the operator is down: {writable}"
 
-        cluster.resume_operator()
-        status = cluster.wait_for(
-            _rolled_out(cluster, members, "160"),
-            240,
-            "the resumed rollout to finish the switchover and bring every member to max_connections = 160",
-        )
+        status = _resume_until_rolled_out(cluster, members, "160")
         load.wait_for_acks(200)
     finally:
         report = load.stop()

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -18,6 +19,7 @@ from typing import Any, cast
 import yaml
 
 from e2e.driver import ClusterStatus, DriverError, Manifest, ManifestRefused, PollingDriver, member
+from pgherd.local.layout import SandboxPaths, read_json
 
 # The sandbox's `up` waits for a Running cluster: initdb plus two base backups on a busy 2-core machine.
 UP_TIMEOUT = 180.0
@@ -61,6 +63,7 @@ class LocalDriver(PollingDriver):
         self.cluster: str | None = None
         self._cluster_manifest: dict[str, Any] | None = None
         self._applied = 0
+        self._armed: tuple[str, int] | None = None
         self._started = False
         self._rw_dsn: str | None = None
         self._member_dsns: dict[str, str] = {}
@@ -163,6 +166,36 @@ class LocalDriver(PollingDriver):
         self._sandbox(
             "kill-supervisor", "--at-step", at_step, "--done", str(done), "--timeout", "180", timeout=200
         )
+
+    def arm_operator_kill(self, at_step: str, done: int = 0) -> None:
+        # The supervisor's own crash point: exact, whatever the machine's load.
+        self._sandbox("kill-supervisor", "--at-step", at_step, "--done", str(done), "--no-wait")
+        self._armed = (at_step, done)
+
+    def wait_operator_killed(self, timeout: float = 200) -> None:
+        # Read from the sandbox's files, not through the CLI: arming again could race with the exit.
+        if self._armed is None:
+            raise DriverError("no operator kill was armed")
+        at_step, done = self._armed
+        self._armed = None
+        paths = SandboxPaths(self.dir)
+        deadline = time.monotonic() + timeout
+        while read_json(paths.crash_reached) != {"step": at_step, "done": done}:
+            if time.monotonic() > deadline:
+                raise DriverError(
+                    f"the supervisor did not reach step {at_step!r} with {done} done within {timeout:.0f} s"
+                    f"\n{self.describe()}"
+                )
+            time.sleep(0.05)
+        # The crash point exits right after writing it: wait until the process is gone (or a zombie).
+        stat = Path(f"/proc/{paths.pid_file.read_text().strip()}/stat")
+        while time.monotonic() < deadline:
+            try:
+                if stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            except (FileNotFoundError, ProcessLookupError):
+                break
+            time.sleep(0.02)
 
     def resume_operator(self) -> None:
         self._sandbox("resume", timeout=UP_TIMEOUT)

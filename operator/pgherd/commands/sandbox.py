@@ -75,6 +75,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--done", type=int, default=0, help="with --at-step: once this many members are done")
     p.add_argument("--timeout", type=float, default=120)
+    p.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="with --at-step: arm the crash point and return (before the change that starts the operation)",
+    )
     p.set_defaults(func=_kill_supervisor)
     p = add("resume", "start a new supervisor for an existing sandbox (it resumes any operation)")
     p.set_defaults(func=_resume)
@@ -188,10 +193,10 @@ def _down(args: argparse.Namespace) -> int:
 
 def _kill_supervisor(args: argparse.Namespace) -> int:
     try:
-        Sandbox(args.dir).kill_supervisor(args.at_step, args.done, args.timeout)
+        Sandbox(args.dir).kill_supervisor(args.at_step, args.done, 0 if args.no_wait else args.timeout)
     except SandboxError as exc:
         return _fail(str(exc))
-    print("supervisor killed")
+    print("crash point armed" if args.no_wait and args.at_step else "supervisor killed")
     return 0
 
 

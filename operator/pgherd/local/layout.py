@@ -53,6 +53,11 @@ class SandboxPaths:
         return self.root / "crash-at.json"
 
     @property
+    def crash_reached(self) -> Path:
+        """Written by the supervisor as it exits at the armed crash point (what was armed)."""
+        return self.root / "crash-reached.json"
+
+    @property
     def members(self) -> Path:
         return self.root / "members"
 

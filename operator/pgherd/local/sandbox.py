@@ -291,12 +291,16 @@ class Sandbox:
 
     def kill_supervisor(self, at_step: str | None = None, done: int = 0, timeout: float = 120) -> None:
         """SIGKILL the supervisor now, or (``at_step``) arm a crash point and wait until the supervisor
-        exits by itself the moment its recorded operation reaches that step with ``done`` members done."""
+        exits by itself the moment its recorded operation reaches that step with ``done`` members done
+        (``timeout`` 0: arm it and return)."""
         pid = self.supervisor_pid()
         if pid is None:
             raise SandboxError("the supervisor is not running")
         if at_step is not None:
+            self.paths.crash_reached.unlink(missing_ok=True)
             write_json(self.paths.crash_point, {"step": at_step, "done": done})
+            if timeout <= 0:
+                return
             deadline = time.monotonic() + timeout
             while _alive(pid):
                 if time.monotonic() > deadline:

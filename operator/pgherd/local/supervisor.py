@@ -184,6 +184,7 @@ class Supervisor:
             or len(operation.done) < int(want.get("done", 0))
         ):
             return
+        write_json(self.paths.crash_reached, want)
         armed.unlink(missing_ok=True)
         log.warning(
             "crash point: exiting at step %s (%d done), as if killed", operation.step, len(operation.done)
