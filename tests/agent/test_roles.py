@@ -141,6 +141,9 @@ def test_rejoin_with_reclone_keeps_the_old_data_aside_on_the_same_volume(pair):
     assert status.streaming and status.kept_aside == () and status.upstream == primary.address
     result = replica.client.rejoin(primary.address, reclone=True)
     assert result.method == "reclone" and result.kept_aside is not None
+    # It answers once it streams: an operator looking right after never finds a fresh clone still
+    # connecting (it would order another re-clone of a member it rebuilds).
+    assert replica.status().streaming and "; streaming" in result.detail
     kept = result.kept_aside
     assert kept.startswith(str(replica.volume / "kept"))
     assert (replica.volume / "kept").stat().st_dev == replica.volume.stat().st_dev

@@ -243,12 +243,16 @@ def rejoin(inst: Instance, request: RejoinRequest) -> ActionResult:
         method, kept = _rebuild(inst, upstream, reclone=request.reclone)
         inst.record(token, fenced=False, demoted=False, upstream=upstream, role_at_fence=None)
         inst.start(StartRole.STANDBY, token, upstream=upstream)
+        # Answer once it streams (bounded): an operator looking right after the answer must not find a
+        # fresh clone whose WAL receiver is still starting, and order another re-clone of it.
+        streaming = _wait(lambda: _streams_from(inst, upstream), REPOINT_WAIT)
         log.info("rejoined by %s (%s)", method, request.reason or "no reason given")
+        detail = f"rejoined by {method}" + ("; streaming" if streaming else "; not streaming yet")
         return ActionResult(
             "rejoin",
             method=method,
             kept_aside=str(kept) if kept else None,
-            detail=f"rejoined by {method}" + (f"; the old data is kept in {kept}" if kept else ""),
+            detail=detail + (f"; the old data is kept in {kept}" if kept else ""),
             timeline=_timeline(inst),
         )
 
