@@ -140,6 +140,10 @@ class KubeDriver(PollingDriver):
 
     # -- what a concrete driver provides ---------------------------------------------------------------
 
+    def get(self, resource: str, name: str | None = None) -> Any:
+        """An object of this namespace (`kubectl get RESOURCE NAME -o json`), or the list of them."""
+        return self.kube.json("-n", self.namespace, "get", resource, *([name] if name else []))
+
     def stop_operator(self) -> None:  # pragma: no cover - provided by the concrete driver
         raise NotImplementedError
 
@@ -149,9 +153,6 @@ class KubeDriver(PollingDriver):
     def status_rw_dsn(self) -> str | None:
         """The rwDsn shown in status() (None when none was asked for yet)."""
         return None
-
-    def wiped(self, claims: list[str]) -> None:
-        """After the claims of a killed member were deleted (a platform may have more to remove)."""
 
     # -- the Driver interface --------------------------------------------------------------------------
 
@@ -184,7 +185,7 @@ class KubeDriver(PollingDriver):
             raise DriverError(f"kubectl apply of {path} failed: {message}\n{self.describe()}")
 
     def status(self) -> ClusterStatus:
-        cluster = self.kube.json("-n", self.namespace, "get", "postgrescluster", self.cluster)
+        cluster = self.get("postgresclusters.pgherd.io", self.cluster)
         raw = cluster.get("status") or {}
         members: list[MemberStatus] = [
             {
@@ -214,7 +215,7 @@ class KubeDriver(PollingDriver):
 
     def _objects(self, resource: str, *, with_id: bool) -> list[ObjectStatus]:
         """This cluster's Backups or Restores (fully qualified: `backups` alone may name another API's kind)."""
-        items = self.kube.json("-n", self.namespace, "get", resource).get("items", [])
+        items = self.get(resource).get("items", [])
         found: list[ObjectStatus] = []
         for item in items:
             if (item.get("spec") or {}).get("cluster", {}).get("name") != self.cluster:
@@ -233,23 +234,28 @@ class KubeDriver(PollingDriver):
         return found
 
     def kill(self, member: str, wipe: bool = False) -> None:
-        claims: list[str] = []
+        claims: dict[str, str | None] = {}
         if wipe:
-            pod = self.kube.json("-n", self.namespace, "get", "pod", member)
-            claims = [
-                v["persistentVolumeClaim"]["claimName"]
-                for v in pod["spec"].get("volumes", [])
-                if v.get("persistentVolumeClaim")
-            ]
+            pod = self.get("pods", member)
+            for volume in pod["spec"].get("volumes", []):
+                if volume.get("persistentVolumeClaim"):
+                    claim = volume["persistentVolumeClaim"]["claimName"]
+                    claims[claim] = self._claim_uid(claim)
             for claim in claims:
                 self.kube.run("-n", self.namespace, "delete", "pvc", claim, "--wait=false")
         self.kube.run(
             "-n", self.namespace, "delete", "pod", member, "--grace-period=0", "--force", "--wait=false"
         )
-        for claim in claims:
-            self.kube.run(
-                "-n", self.namespace, "wait", "--for=delete", f"pvc/{claim}", "--timeout=120s", check=False
-            )
+        # Each claim gone, or made again (another uid: the StatefulSet may recreate it at once, before a
+        # `kubectl wait --for=delete` would start and then wait for the new one).
+        deadline = time.monotonic() + 120
+        while any(self._claim_uid(claim) == uid for claim, uid in claims.items()):
+            if time.monotonic() > deadline:
+                raise DriverError(
+                    f"the claims {sorted(claims)} of {member} were not deleted\n{self.describe()}"
+                )
+            time.sleep(0.2)
+        if claims:
             # A pod recreated while its old claim was still terminating would wait forever for it: recreate it.
             phase = self.kube.run(
                 "-n", self.namespace, "get", "pod", member, "-o", "jsonpath={.status.phase}", check=False
@@ -258,8 +264,12 @@ class KubeDriver(PollingDriver):
                 self.kube.run(
                     "-n", self.namespace, "delete", "pod", member, "--grace-period=0", "--force", "--wait=false"
                 )  # fmt: skip
-        if claims:
-            self.wiped(claims)
+
+    def _claim_uid(self, claim: str) -> str | None:
+        try:
+            return str(self.get("persistentvolumeclaims", claim)["metadata"]["uid"])
+        except DriverError:
+            return None
 
     def switchover(self, to: str | None = None) -> None:
         target = to or "any"
@@ -269,10 +279,7 @@ class KubeDriver(PollingDriver):
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             annotations = (
-                self.kube.json("-n", self.namespace, "get", "postgrescluster", self.cluster)["metadata"].get(
-                    "annotations"
-                )
-                or {}
+                self.get("postgresclusters.pgherd.io", self.cluster)["metadata"].get("annotations") or {}
             )
             if SWITCHOVER_ANNOTATION not in annotations:
                 primary = self.status().get("primary")
@@ -295,7 +302,7 @@ class KubeDriver(PollingDriver):
     def credentials(self) -> dict[str, str]:
         """The `<cluster>-app` Secret's keys (username, password, dbname), read once."""
         if self._credentials is None:
-            secret = self.kube.json("-n", self.namespace, "get", "secret", f"{self.cluster}-app")
+            secret = self.get("secrets", f"{self.cluster}-app")
             data = secret.get("data") or {}
             self._credentials = {k: base64.b64decode(v).decode() for k, v in data.items()}
         return self._credentials

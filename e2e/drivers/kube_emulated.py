@@ -37,6 +37,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from e2e.driver import DriverError, operation_at
 from e2e.drivers.kube import POSTGRES_PORT, REPO_ROOT, S3_KEYS, S3_SECRET, Kube, KubeDriver, env, store_at
 from e2e.drivers.local import RESTART_DELAY, installed_postgres_major
@@ -90,6 +92,7 @@ class KubeEmulatedDriver(KubeDriver):
             sys.executable, "-m", "e2e.emulated", "up", "--dir", str(self.dir),
             "--max-probe-period", env("PGHERD_E2E_EMULATED_PROBE_PERIOD", "1"),
             "--restart-delay", str(RESTART_DELAY),
+            "--stop-grace", "2",  # at down: nothing to keep clean
         ]  # fmt: skip
         try:
             result = subprocess.run(
@@ -101,8 +104,6 @@ class KubeEmulatedDriver(KubeDriver):
             raise DriverError(f"`{' '.join(argv)}` failed: {result.stderr.strip() or result.stdout.strip()}")
 
     def _kubeconfig_token(self) -> str:
-        import yaml
-
         config = yaml.safe_load((self.dir / "kubeconfig").read_text())
         return str(config["users"][0]["user"]["token"])
 
@@ -118,6 +119,16 @@ class KubeEmulatedDriver(KubeDriver):
             if exc.code == 404:
                 return None
             raise DriverError(f"GET {path}: {exc.code} {exc.reason}") from exc
+
+    def get(self, resource: str, name: str | None = None) -> Any:
+        """As kubectl get, straight from the API: status() is polled every half second, and a kubectl
+        process per read costs the 2-core machine more than the cluster it watches."""
+        plural, _, group = resource.partition(".")
+        base = f"/apis/{group}/v1alpha1" if group == "pgherd.io" else "/api/v1"
+        found = self._get(f"{base}/namespaces/{self.namespace}/{plural}" + (f"/{name}" if name else ""))
+        if found is None:
+            raise DriverError(f"{resource} {name or ''} not found in {self.namespace}")
+        return found
 
     def _pod_ip(self, name: str) -> str | None:
         pod = self._get(f"/api/v1/namespaces/{self.namespace}/pods/{name}")

@@ -58,7 +58,7 @@ def down(directory: Path, *, keep: bool) -> None:
     if not (directory / state.STATE).exists():
         return
     current = state.read_state(directory)
-    state.kill_operator(directory, graceful=True)
+    state.kill_operator(directory, graceful=keep)  # its log complete when kept, else no need to wait
     state.terminate(current.get("nodePid"), 90)
     for pid in state.processes_under(directory):  # left behind by a node process that was killed
         state.terminate(pid, 5)
