@@ -13,8 +13,9 @@ the assertion that caught it and the time taken.
 A control row (``--control``) runs the same search on the unmutated engine first: a mutant's "found"
 means something only when the control passes at that seed.
 
-Mutants that only a scripted scenario can reach (liveness of a two-member cluster, for example) are
-listed with ``scripted`` and their regression test in tests/engine/test_safety.py.
+Mutants that only a scripted scenario can reach (a failover with no sync configuration known, a
+stray primary on a newer timeline: see docs/engine.md) are listed with ``scripted`` and their
+regression test in tests/engine/test_safety.py.
 """
 
 from __future__ import annotations
@@ -182,6 +183,13 @@ def _failing_step(output: str) -> str:
     return code[0] if code else ""
 
 
+def _readable(message: str, width: int = 110) -> str:
+    """An assertion message fit for a Markdown table cell: enum reprs (``<Phase.RUNNING: 'Running'>``)
+    as their values, no pipe, cut at ``width`` characters (marked with an ellipsis)."""
+    text = re.sub(r"<\w+\.\w+: '([^']*)'>", r"\1", message).replace("|", "/")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def run(mutant: Mutant, seed: int, profile: str) -> tuple[str, float, str, str]:
     scratch = _tree(mutant)
     env = {**os.environ, "HYPOTHESIS_PROFILE": profile, "PYTHONPATH": f"{scratch}/operator:{scratch}/backup"}
@@ -202,7 +210,7 @@ def run(mutant: Mutant, seed: int, profile: str) -> tuple[str, float, str, str]:
     finally:
         elapsed = time.monotonic() - started
         shutil.rmtree(scratch, ignore_errors=True)
-    caught = re.findall(r"(?:AssertionError|InvariantError): ([^\n]{0,110})", result.stdout)
+    caught = [_readable(m) for m in re.findall(r"(?:AssertionError|InvariantError): ([^\n]*)", result.stdout)]
     verdict = "found" if result.returncode == 1 else ("missed" if result.returncode == 0 else "error")
     if mutant is CONTROL:
         verdict = {"found": "FAILS", "missed": "passes"}.get(verdict, verdict)
