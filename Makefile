@@ -24,9 +24,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-## make test: set up everything, then ruff, mypy and the whole pytest suite.
+## make test: set up everything, then ruff, mypy and the whole pytest suite (the e2e scenarios on the
+## sandbox, the `local` driver), then the e2e scenarios again on an emulated Kubernetes cluster through
+## the real operator (the `kube-emulated` driver, docs/e2e.md).
 test: setup lint typecheck
 	PATH="$(CURDIR)/.tools/bin:$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest
+	PATH="$(CURDIR)/.tools/bin:$(CURDIR)/$(BIN):$$PATH" PGHERD_E2E_DRIVER=kube-emulated $(BIN)/pytest e2e \
+	  --deselect e2e/test_majority_failure.py  # until the kube adapter restores into a wiped member (issue 13)
 
 ## make demo: the sandbox tour on real PostgreSQL processes (no Kubernetes needed).
 demo: setup
