@@ -6,6 +6,7 @@ its progress and snapshot. The restore itself, by a real agent, is in test_opera
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -154,3 +155,27 @@ def test_kept_data_since_the_restore_started() -> None:
         "db-1:/v/kept/20261123T120500000000Z",
     ]
     assert restores.kept_data("other", statuses) == []
+
+
+def test_a_status_read_before_the_agent_took_the_restore_says_nothing_of_it(
+    kube_server: EmulatedApiServer,
+) -> None:
+    """The loop reads the agents while the restore order is in flight: a status read before the record
+    was saved cannot know the restore, and must not fail it ("no record")."""
+    kube_server.create(cluster_manifest())
+
+    async def scenario() -> None:
+        api = KubeApi(Credentials(server=kube_server.url, token=TOKEN))
+        try:
+            restores = Restores(api, NS, "db")
+            observed_at = time.monotonic()  # the tick's read starts...
+            await restores.save(RestoreRecord("r1", "db-0", STARTED))  # ...the agent takes the order
+            (view,) = restores.job_views({"db-0": agent()}, observed_at)
+            assert (view.state, view.stage) == (JobState.RUNNING, "restoring")
+            # Read after the record: the agent's word counts (here: it has no record of it).
+            (view,) = restores.job_views({"db-0": agent()}, time.monotonic())
+            assert view.state is JobState.FAILED
+        finally:
+            await api.close()
+
+    asyncio.run(scenario())

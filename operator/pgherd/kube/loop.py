@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -169,6 +170,7 @@ class ClusterLoop:
         # Every member, busy ones too: an agent answers /status during its actions (its `action` says
         # which), and a member left out would look unreachable (a re-pointed replica: quorum lost).
         addresses = {p["metadata"]["name"]: ip for p in objects.pods if (ip := pod_ip(p)) is not None}
+        observed_at = time.monotonic()
         statuses = self.agents.with_fences(await self.agents.statuses(addresses), objects.volume_uids())
         self.polled = bool(addresses)
         switchover_to = self._switchover_target(body, objects, statuses)
@@ -177,7 +179,7 @@ class ClusterLoop:
             statuses,
             datetime.now(UTC),
             switchover_to=switchover_to,
-            extra_jobs=self.restores.job_views(statuses),
+            extra_jobs=self.restores.job_views(statuses, observed_at),
         )
         assert self.engine is not None
         decision = decide(spec, view, self.engine)

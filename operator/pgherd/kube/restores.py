@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -87,6 +88,7 @@ class Restores:
         self.record: RestoreRecord | None = None
         self._stage = "restoring"  # the stage the recorded restore was last seen in
         self._reported: JSON = {}  # what was last written to its Restore's status by follow()
+        self._saved_at = float("-inf")  # time.monotonic() when this operator saved the record
 
     def load(self, cluster: JSON) -> None:
         """The record as the API has it (when the loop starts or regains the leadership)."""
@@ -104,9 +106,15 @@ class Restores:
             {"metadata": {"annotations": {names.ANNOTATION_RESTORE: record.annotation()}}},
         )
         self.record, self._stage, self._reported = record, "restoring", {}
+        self._saved_at = time.monotonic()
 
-    def job_views(self, statuses: Mapping[str, Status | None]) -> tuple[JobView, ...]:
-        """The engine's restore job of the recorded restore, as its member's agent tells it."""
+    def job_views(
+        self, statuses: Mapping[str, Status | None], observed_at: float = float("inf")
+    ) -> tuple[JobView, ...]:
+        """The engine's restore job of the recorded restore, as its member's agent tells it.
+        ``observed_at``: time.monotonic() when ``statuses`` were asked for. A status asked for before
+        the record was saved may predate the agent's taking the order: it says nothing of the restore
+        (running, as last seen), never that the agent has no record of it."""
         record = self.record
         if record is None:
             return ()
@@ -116,7 +124,8 @@ class Restores:
                     JobKind.RESTORE, record.restore, JobState.FAILED, record.member, message=record.error
                 ),
             )
-        view = restore_job_view(record.restore, record.member, statuses.get(record.member), self._stage)
+        status = statuses.get(record.member) if observed_at >= self._saved_at else None
+        view = restore_job_view(record.restore, record.member, status, self._stage)
         if view.state is JobState.RUNNING and view.stage:
             self._stage = view.stage
         return (view,)
