@@ -46,7 +46,7 @@ SIM_TOKEN, PERSON_TOKEN = (
 T = TypeVar("T")
 
 
-def eventually(probe: Callable[[], T | None], timeout: float = 90.0, what: str = "") -> T:
+def eventually(probe: Callable[[], T | None], timeout: float = 180.0, what: str = "") -> T:
     deadline = time.monotonic() + timeout
     last: T | None = None
     while time.monotonic() < deadline:
@@ -150,7 +150,7 @@ class Bed:
         ]
         return status if primaries == [status.get("currentPrimary")] else None
 
-    def wait_settled(self, instances: int = 3, timeout: float = 150) -> dict[str, Any]:
+    def wait_settled(self, instances: int = 3, timeout: float = 300) -> dict[str, Any]:
         return eventually(lambda: self.settled(instances), timeout, f"Running with {instances} ready members")
 
     def scale(self, replicas: int) -> None:
@@ -254,7 +254,7 @@ def bed(work_root: Path, s3_server: Any) -> Iterator[Bed]:
 
 
 def test_a_cluster_becomes_running_with_a_labelled_primary_behind_the_rw_service(bed: Bed) -> None:
-    status = bed.wait_settled(3, timeout=240)
+    status = bed.wait_settled(3, timeout=400)
     primary = status["currentPrimary"]
     roles = {p["metadata"]["name"]: bed.role(p["metadata"]["name"]) for p in bed.pods()}
     assert roles == {m: ("primary" if m == primary else "replica") for m in (f"{NAME}-{i}" for i in range(3))}
@@ -315,7 +315,7 @@ def test_a_backup_runs_a_job_to_completed(bed: Bed) -> None:
     bed.server.create(backup_manifest("first"))
     job = eventually(lambda: bed.server.read("jobs", NS, "first-snapshot"), what="the snapshot Job")
     assert job["metadata"]["labels"][names.LABEL_BACKUP] == "first"
-    status = eventually(lambda: backup_phase(bed, "first", "Completed"), 120, "the Backup Completed")
+    status = eventually(lambda: backup_phase(bed, "first", "Completed"), 300, "the Backup Completed")
     assert status["backupId"] and status["startLSN"] and status["endLSN"] and status["timeline"] >= 1
     assert status["size"] and status["storedSize"]
     keys = bed.s3.client().list_objects_v2(Bucket=bed.s3.bucket, Prefix=f"{bed.store_path}/{NAME}/")
@@ -329,7 +329,7 @@ def test_a_backup_whose_store_refuses_fails_with_a_condition_and_an_event(bed: B
     bed.server.merge("secrets", NS, S3_SECRET, {"data": s3_secret(bed.s3, "not-the-key")["data"]})
     try:
         bed.server.create(backup_manifest("refused"))
-        status = eventually(lambda: backup_phase(bed, "refused", "Failed"), 120, "the Backup Failed")
+        status = eventually(lambda: backup_phase(bed, "refused", "Failed"), 300, "the Backup Failed")
     finally:
         bed.server.merge("secrets", NS, S3_SECRET, {"data": s3_secret(bed.s3)["data"]})
     assert status.get("error")
@@ -372,7 +372,7 @@ def test_a_restore_completes_in_place(bed: Bed) -> None:
         lambda: (
             '"back"' in (bed.cluster()["metadata"].get("annotations") or {}).get(names.ANNOTATION_RESTORE, "")
         ),
-        60,
+        180,
         "the restore taken by an agent",
     )
     bed.stop_operator()
@@ -385,7 +385,7 @@ def test_a_restore_completes_in_place(bed: Bed) -> None:
         assert status.get("phase") != "Failed", status
         return status if status.get("phase") == "Completed" else None
 
-    status = eventually(completed, 240, "the Restore Completed")
+    status = eventually(completed, 400, "the Restore Completed")
     assert status["restoredTimeline"] > before["timeline"]
     assert status["startedAt"] and status["completedAt"] and status["snapshotId"]
     assert "Rebuilding" in seen, seen
@@ -429,10 +429,10 @@ def test_a_restart_parameter_rolls_out_replicas_first_and_the_old_primary_last(b
     bed.server.merge("postgresclusters", NS, NAME, {"spec": {"parameters": {"max_connections": "50"}}})
     plan = eventually(
         lambda: (op := bed.status().get("operation")) and op.get("kind") == "Rollout" and op,
-        60,
+        180,
         "a rollout plan in status.operation",
     )
-    bed.wait_settled(timeout=240)
+    bed.wait_settled(timeout=400)
     assert eventually(lambda: bed.status()["image"] and bed.status().get("operation") is None, what="done")
     deleted = [
         c.name
@@ -454,7 +454,7 @@ def test_scale_up_with_spec_instances_and_down_with_the_scale_subresource(bed: B
     bed.wait_settled()
     seen = len(bed.phases)
     bed.server.merge("postgresclusters", NS, NAME, {"spec": {"instances": 5}})
-    status = bed.wait_settled(5, timeout=180)
+    status = bed.wait_settled(5, timeout=300)
     assert status["instances"] == 5
     assert {p["metadata"]["name"] for p in bed.pods()} == {f"{NAME}-{i}" for i in range(5)}
     primary = status["currentPrimary"]
@@ -463,7 +463,7 @@ def test_scale_up_with_spec_instances_and_down_with_the_scale_subresource(bed: B
     )
     bed.scale(3)  # as `kubectl scale pgc/hippo --replicas 3`
     assert bed.cluster()["spec"]["instances"] == 3
-    status = bed.wait_settled(3, timeout=120)
+    status = bed.wait_settled(3, timeout=300)
     eventually(lambda: len(bed.pods()) == 3, what="two pods gone")
     assert bed.server.read("statefulsets", NS, NAME)["spec"]["replicas"] == 3  # type: ignore[index]
     assert status["instances"] == 3
@@ -510,8 +510,8 @@ def test_a_deleted_primary_pod_is_switched_over_before_its_postgres_stops(bed: B
             replacement_answered_first.append(new_pod and agent_answers(pod))
         return bed.settled(3) if new_pod else None
 
-    after = eventually(replaced_and_settled, 120, "the old primary's pod replaced, the cluster settled")
-    assert time.monotonic() - started < 60
+    after = eventually(replaced_and_settled, 300, "the old primary's pod replaced, the cluster settled")
+    assert time.monotonic() - started < 90  # its agent did not wait out the 97 s it may hold a primary
     assert after["currentPrimary"] != old and bed.role(after["currentPrimary"]) == "primary"
     assert "Switchover" in kinds and not {"Failover", "FailingOver", "Failed"} & kinds, kinds
     assert replacement_answered_first == [False], "the promotion waited for the old primary's new pod"
