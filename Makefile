@@ -29,8 +29,7 @@ typecheck: $(STAMP)
 ## the real operator (the `kube-emulated` driver, docs/e2e.md).
 test: setup lint typecheck
 	PATH="$(CURDIR)/.tools/bin:$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest
-	PATH="$(CURDIR)/.tools/bin:$(CURDIR)/$(BIN):$$PATH" PGHERD_E2E_DRIVER=kube-emulated $(BIN)/pytest e2e \
-	  --deselect e2e/test_majority_failure.py  # until the kube adapter restores into a wiped member (issue 13)
+	PATH="$(CURDIR)/.tools/bin:$(CURDIR)/$(BIN):$$PATH" PGHERD_E2E_DRIVER=kube-emulated $(BIN)/pytest e2e
 
 ## make demo: the sandbox tour on real PostgreSQL processes (no Kubernetes needed).
 demo: setup

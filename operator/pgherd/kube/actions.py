@@ -336,12 +336,19 @@ async def start_restore(ctx: ActContext, action: act.StartRestore) -> None:
         await ctx.restores.save(RestoreRecord(action.restore, action.member, datetime.now(UTC), str(exc)))
         return
     status, ip = _status(ctx, action.member), _ip(ctx, action.member)
-    if status is None or ip is None or not status.fenced:
-        return  # not answering, or not fenced yet: the agent would refuse; the engine asks again
+    if status is None or ip is None:
+        return  # not answering: the engine asks again
+    # A member with data is fenced by the engine first; an empty one (a lost volume, which the engine
+    # does not count as a member) has nothing to fence, but its agent restores only under a fence.
+    fence_first = not status.fenced and not status.data_present
+    if not status.fenced and not fence_first:
+        return  # not fenced yet: the agent would refuse; the engine asks again
     started = datetime.now(UTC)
 
     def call(client: AgentClient) -> ActionResult | AgentActionError:
         try:
+            if fence_first:
+                client.act(FenceRequest(reason=f"restore {action.restore} into an empty member"))
             return client.restore(snapshot, action.target, request_id=action.restore, reason=action.reason)
         except AgentActionError as exc:
             if exc.status != 500:
