@@ -28,6 +28,7 @@ import yaml
 
 from pgherd.local.s3server import free_port
 from pgherd_backup.postgres.binaries import PgBinaries
+from pgherd_backup.postgres.process import process_table
 
 PASSWORD = "bench"  # trust on 127.0.0.1 only; the password is for libpq's pgpass and Patroni's checks
 
@@ -66,15 +67,8 @@ class PatroniMember:
 def _descendants(root: int) -> list[int]:
     """root and every process below it (from /proc), parents first."""
     children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
+    for pid, entry in process_table().items():
+        children.setdefault(entry.ppid, []).append(pid)
     found, queue = [], [root]
     while queue:
         pid = queue.pop()

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pgherd_backup.postgres.process import process_table
+
 REPO = Path(__file__).resolve().parents[2]
 STATE = "emulated.json"
 OPERATOR = "operator.json"
@@ -153,19 +155,6 @@ def processes_under(directory: Path) -> list[int]:
     return found
 
 
-def _parents() -> dict[int, int]:
-    found: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        found[int(entry.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
-    return found
-
-
 def kill_tree(*roots: Path) -> list[int]:
     """kill -9 of every process whose command line names one of `roots` (a pod's directory, its volumes)
     and of all their descendants, all at once as the end of a container's cgroup would: every one is
@@ -173,7 +162,7 @@ def kill_tree(*roots: Path) -> list[int]:
     found: set[int] = set()
     for root in roots:
         found.update(processes_under(root))
-    parents = _parents()
+    parents = {pid: entry.ppid for pid, entry in process_table().items()}
     grew = True
     while grew:
         children = {pid for pid, parent in parents.items() if parent in found} - found

@@ -124,7 +124,7 @@ from typing import Any
 
 import aiohttp
 
-from pgherd_backup.postgres.process import Account, grant_traverse
+from pgherd_backup.postgres.process import Account, ProcessEntry, grant_traverse, process_table
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = REPO / ".venv"
@@ -279,31 +279,16 @@ def _ns_path(group_version: str, plural: str, namespace: str, name: str = "", su
 # Processes.
 
 
-def _process_table() -> dict[int, tuple[int, str]]:
-    """pid -> (ppid, start time) of every process, from /proc."""
-    table: dict[int, tuple[int, str]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        table[int(entry)] = (int(fields[1]), fields[19])
-    return table
-
-
-def _descendants(root: int, table: dict[int, tuple[int, str]]) -> dict[int, str]:
+def _descendants(root: int, table: dict[int, ProcessEntry]) -> dict[int, str]:
     children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
+    for pid, entry in table.items():
+        children.setdefault(entry.ppid, []).append(pid)
     found: dict[int, str] = {}
     todo = [root]
     while todo:
         for child in children.get(todo.pop(), ()):
             if child not in found:
-                found[child] = table[child][1]
+                found[child] = table[child].start
                 todo.append(child)
     return found
 
@@ -340,7 +325,7 @@ class Container:
         return self.proc.pid
 
     def track(self) -> None:
-        table = _process_table()
+        table = process_table()
         self.tree.update(_descendants(self.proc.pid, table))
 
     def poll(self) -> int | None:
@@ -348,8 +333,8 @@ class Container:
 
     def kill_rest(self) -> None:
         """SIGKILL what the process left running (its tree as last seen, and their descendants)."""
-        table = _process_table()
-        alive = {pid: start for pid, start in self.tree.items() if pid in table and table[pid][1] == start}
+        table = process_table()
+        alive = {pid: start for pid, start in self.tree.items() if pid in table and table[pid].start == start}
         for pid in list(alive):
             alive.update(_descendants(pid, table))
         for pid in alive:

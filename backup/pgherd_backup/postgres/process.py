@@ -10,6 +10,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from pgherd_backup.errors import PostgresError
 
@@ -130,17 +131,27 @@ def grant_traverse(*paths: Path | str) -> list[Path]:
     return changed
 
 
-def child_processes(parent: int) -> dict[int, str]:
-    """The processes whose parent is ``parent``, with their state letter (Z: a zombie), from /proc."""
-    found: dict[int, str] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+class ProcessEntry(NamedTuple):
+    ppid: int
+    state: str  # the state letter (Z: a zombie)
+    start: str  # start time in clock ticks since boot: with the pid, one process for sure
+
+
+def process_table() -> dict[int, ProcessEntry]:
+    """Every process, from /proc: pid -> its parent, state and start time."""
+    table: dict[int, ProcessEntry] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text()
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if len(fields) > 1 and int(fields[1]) == parent:
-            found[int(entry.name)] = fields[0]
-    return found
+        table[int(entry)] = ProcessEntry(int(fields[1]), fields[0], fields[19])
+    return table
+
+
+def child_processes(parent: int) -> dict[int, str]:
+    """The processes whose parent is ``parent``, with their state letter (Z: a zombie), from /proc."""
+    return {pid: p.state for pid, p in process_table().items() if p.ppid == parent}
