@@ -19,6 +19,7 @@ import pytest
 from .cluster_sim import ClusterSim
 from .conftest import TOKEN
 from .emulator import EmulatedApiServer
+from .waiting import eventually
 
 pytestmark = pytest.mark.kube_emulator(graceful_pod_deletion=True)
 
@@ -158,14 +159,7 @@ def job(name: str, script: str, backoff_limit: int = 0) -> dict[str, Any]:
 
 
 def wait_for(what: str, probe: Callable[[], Any], timeout: float = 20) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+    return eventually(probe, timeout, what)
 
 
 def ready_pod(server: EmulatedApiServer, name: str, not_uid: str | None = None) -> dict[str, Any] | None:

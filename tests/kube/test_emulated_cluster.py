@@ -9,8 +9,6 @@ import base64
 import json
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +16,7 @@ import psycopg
 import yaml
 
 from .emulator import REPO
+from .waiting import eventually
 
 
 def read_state(directory: Path) -> dict[str, Any]:
@@ -48,17 +47,6 @@ def run(*argv: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout, check=True)
 
 
-def eventually(what: str, probe: Callable[[], Any], timeout: float = 120) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.3)
-
-
 def test_up_apply_connect_and_down(work_root: Path, kubectl_binary: Path) -> None:
     directory = work_root / "emulated-cli"
     run(sys.executable, "-m", "e2e.emulated", "up", "--dir", str(directory))
@@ -78,7 +66,7 @@ def test_up_apply_connect_and_down(work_root: Path, kubectl_binary: Path) -> Non
             cluster = json.loads(kubectl("get", "pgc", "hippo", "-o", "json"))
             return cluster if (cluster.get("status") or {}).get("phase") == "Running" else None
 
-        cluster = eventually("the cluster Running", running)
+        cluster = eventually(running, 120, "the cluster Running", interval=0.3)
         primary = cluster["status"]["currentPrimary"]
         ip = kubectl("get", "pod", primary, "-o", "jsonpath={.status.podIP}")
         secret = json.loads(kubectl("get", "secret", "hippo-app", "-o", "json"))["data"]

@@ -12,9 +12,9 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
@@ -27,22 +27,11 @@ from pgherd.kube.loop import OperatorConfig
 
 from .conftest import TOKEN
 from .emulator import EmulatedApiServer, calls_not_allowed
+from .waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 NS = "apps"
-T = TypeVar("T")
 pytestmark = pytest.mark.kube_emulator(namespaces=[NS, "pgherd-system"])
-
-
-def eventually(probe: Callable[[], T | None], timeout: float = 20.0, what: str = "") -> T:
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what or probe} (last: {last!r})")
 
 
 def cluster_manifest(name: str = "hippo", instances: int = 3, **spec: Any) -> dict[str, Any]:

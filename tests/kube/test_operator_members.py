@@ -31,6 +31,7 @@ import pytest
 from pgherd.kube import names
 from pgherd.kube.loop import OperatorConfig
 
+from . import waiting
 from .cluster_sim import ClusterSim
 from .conftest import TOKEN, USER
 from .emulator import CRDS_DIR, EmulatedApiServer, calls_not_allowed, pgherd_validator
@@ -47,22 +48,8 @@ T = TypeVar("T")
 
 
 def eventually(probe: Callable[[], T | None], timeout: float = 180.0, what: str = "") -> T:
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        try:
-            last = probe()
-        except (psycopg.Error, OSError) as exc:  # a member not answering yet
-            last = None
-            error: Exception | None = exc
-        else:
-            error = None
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(
-        f"timed out after {timeout} s waiting for {what or probe} (last: {last!r}, {error!r})"
-    )
+    """Members are slow to answer at first: a connection or HTTP error means "not yet"."""
+    return waiting.eventually(probe, timeout, what, interval=0.2, tolerate=(psycopg.Error, OSError))
 
 
 CONFIG = OperatorConfig(member_address="ip", steady_interval=0.5, busy_interval=0.2)
