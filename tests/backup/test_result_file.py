@@ -67,3 +67,42 @@ def test_an_unwritable_result_file_is_a_warning_not_a_failure(capsys: pytest.Cap
     captured = capsys.readouterr()
     assert json.loads(captured.out) == {"id": "x"}
     assert "warning: cannot write /nonexistent-directory/termination-log" in captured.err
+
+
+def test_snapshot_with_verify_reads_every_object_back_and_says_so(
+    pg_factory, s3_store, agent, tmp_path: Path
+):
+    """`snapshot --verify` (what the Kubernetes snapshot Job runs): the Backup's `verified` comes from
+    every object re-read and checked, not from the upload having returned."""
+    primary = pg_factory("primary").initdb().start()
+    result = tmp_path / "termination-log"
+    run = agent("snapshot", "--source", primary.dsn, "--verify", "--result-file", str(result))
+    assert run.returncode == 0, run.stderr
+    document = json.loads(result.read_text())
+    assert document["verified"] is True and "verify_error" not in document
+    assert run.json()["verified"] is True
+    without = agent("snapshot", "--source", primary.dsn)
+    assert without.returncode == 0, without.stderr
+    assert "verified" not in without.json()
+
+
+def test_a_snapshot_that_does_not_read_back_is_reported_unverified(
+    pg_factory, s3_store, agent, monkeypatch: pytest.MonkeyPatch
+):
+    from pgherd_backup.catalog import find_snapshot
+
+    primary = pg_factory("primary").initdb().start()
+    snap = agent("snapshot", "--source", primary.dsn, "--part-size", "1", "--object-size", "1")
+    assert snap.returncode == 0, snap.stderr
+    victim = sorted(s3_store.keys("/data/"))[0]
+    client = s3_store.endpoint.client()
+    blob = bytearray(client.get_object(Bucket=s3_store.endpoint.bucket, Key=victim)["Body"].read())
+    blob[len(blob) // 2] ^= 0x01
+    client.put_object(Bucket=s3_store.endpoint.bucket, Key=victim, Body=bytes(blob))
+    for name, value in s3_store.endpoint.env().items():
+        monkeypatch.setenv(name, value)
+    args = cli.build_parser().parse_args(["list", "--store", s3_store.url, "--cluster", s3_store.cluster])
+    store = cli._open_store(args)
+    verdict = cli.verification(store, find_snapshot(store, snap.json()["id"]))
+    assert verdict["verified"] is False
+    assert victim.rsplit("/", 1)[-1] in verdict["verify_error"] or "corrupt" in verdict["verify_error"]

@@ -82,8 +82,10 @@ What it does not do, compared with a real API server:
   dropped. Server-side apply (``application/apply-patch+yaml``) answers 415; ``dryRun`` answers 400;
   protobuf bodies answer 415, so kubectl's typed commands (``create configmap``, ``create
   secret``, ...) fail: use ``kubectl apply -f`` / ``create -f`` (JSON) instead;
-* no schema validation or pruning of custom resources unless a validator does it (the CRD's
-  defaults are applied); built-in kinds are not validated beyond metadata, a few immutable fields
+* a custom resource's spec is validated only by a validator (the CRD's defaults are applied); its
+  status, written through the status subresource, follows the CRD schema as on a real server (types,
+  enums and required fields answer 422; unknown fields and nulls are pruned; defaults filled in; no
+  CEL); built-in kinds are not validated beyond metadata, a few immutable fields
   and a PVC's storage request; no admission webhooks, quotas or limit ranges; no pod spec checks;
 * no TLS; authentication is a bearer token mapped to a user name (or nobody); authorization only
   with ``rbac`` (ClusterRole-like rules per user, no bindings, no aggregation);
@@ -594,6 +596,73 @@ def apply_schema_defaults(schema: Mapping[str, Any], value: Any) -> Any:
     return value
 
 
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "object": (dict,),
+    "array": (list,),
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+}
+
+
+def structural(schema: Mapping[str, Any], value: Any, path: str) -> tuple[Any, list[tuple[str, str]]]:
+    """``value`` as a real API server stores it under a CRD's structural ``schema``: unknown fields
+    pruned (unless ``x-kubernetes-preserve-unknown-fields``), nulls pruned where not ``nullable``,
+    defaults filled in; and the type, enum and required errors it answers 422 for (no CEL)."""
+    errors: list[tuple[str, str]] = []
+    if schema.get("x-kubernetes-int-or-string"):
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            errors.append((path, f"Invalid value: {json.dumps(value)}: must be an integer or a string"))
+        return value, errors
+    kind = schema.get("type")
+    if kind in _JSON_TYPES and (
+        not isinstance(value, _JSON_TYPES[kind])
+        or (isinstance(value, bool) and kind in ("integer", "number"))
+    ):
+        errors.append(
+            (path, f'Invalid value: "{type(value).__name__}": {path} in body must be of type {kind}')
+        )
+        return value, errors
+    if "enum" in schema and value not in schema["enum"]:
+        allowed = ", ".join(json.dumps(v) for v in schema["enum"])
+        errors.append((path, f"Unsupported value: {json.dumps(value)}: supported values: {allowed}"))
+    if isinstance(value, dict):
+        properties = schema.get("properties") or {}
+        additional = schema.get("additionalProperties")
+        preserve = bool(schema.get("x-kubernetes-preserve-unknown-fields"))
+        if not properties and (preserve or additional is True):
+            return value, errors
+        result: dict[str, Any] = {}
+        for name, item in value.items():
+            sub = properties.get(name)
+            if sub is None and isinstance(additional, Mapping):
+                sub = additional
+            if sub is None:
+                if preserve:
+                    result[name] = item
+                continue  # pruned
+            if item is None and not sub.get("nullable"):
+                continue  # pruned
+            result[name], found = structural(sub, item, f"{path}.{name}")
+            errors += found
+        for name, sub in properties.items():
+            if name not in result and "default" in sub:
+                result[name] = copy.deepcopy(sub["default"])
+        for name in schema.get("required") or []:
+            if name not in result:
+                errors.append((f"{path}.{name}", "Required value"))
+        return result, errors
+    if isinstance(value, list) and isinstance(schema.get("items"), Mapping):
+        items = []
+        for index, item in enumerate(value):
+            stored, found = structural(schema["items"], item, f"{path}[{index}]")
+            items.append(stored)
+            errors += found
+        return items, errors
+    return value, errors
+
+
 def _now() -> str:
     return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -1004,6 +1073,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
             )
             candidate["metadata"] = metadata
         name = candidate["metadata"].get("name", "")
+        status_schema = ((rt.schema or {}).get("properties") or {}).get("status")
+        if status_schema is not None and subresource == "status" and "status" in candidate:
+            candidate["status"], causes = structural(status_schema, candidate["status"], "status")
+            if causes:
+                raise self._invalid(rt, name, causes)
         for validator in self.validators:
             admission = Admission(operation, rt, subresource, copy.deepcopy(candidate), old, user)
             try:

@@ -859,6 +859,7 @@ def test_the_snapshot_job(full: ClusterRef):
     assert args.func is backup_cli.cmd_snapshot
     assert (args.store, args.cluster, args.compression) == ("s3://pg-backups/prod", "demo", "lz4")
     assert args.result_file == "/dev/termination-log"
+    assert args.verify, "the Backup's `verified` comes from the Job reading its snapshot back"
     source = conninfo_to_dict(args.source)
     assert source == {
         "host": "demo-1.demo-headless.shop.svc",

@@ -29,6 +29,7 @@ from .emulator import (
     CRDS_DIR,
     REPO,
     ApiCall,
+    ApiError,
     EmulatedApiServer,
     KubeEmulator,
     calls_not_allowed,
@@ -235,6 +236,37 @@ def test_status_subresource(kube_api_client: Any, kube_server: EmulatedApiServer
     assert running["status"]["phase"] == "Running"
 
 
+def test_status_writes_follow_the_crd_schema(kube_server: EmulatedApiServer) -> None:
+    """As a real API server: a status of the wrong type, or without a required field, answers 422 naming
+    the field; fields the schema does not know, and nulls where it allows none, are pruned (silently:
+    read back, they are gone); defaults are filled in."""
+    kube_server.create(cluster("typed"))
+
+    def write(status: dict[str, Any]) -> dict[str, Any]:
+        return kube_server.merge(
+            "postgresclusters", "default", "typed", {"status": status}, subresource="status"
+        )
+
+    for bad, field in (
+        ({"phase": "Running", "readyInstances": "three"}, "status.readyInstances"),
+        ({"members": [{"role": "primary"}]}, "status.members[0].name"),
+        ({"members": [{"name": "typed-0", "role": "leader"}]}, "status.members[0].role"),
+        ({"lastSuccessfulBackup": {"name": "b"}}, "status.lastSuccessfulBackup"),
+    ):
+        with pytest.raises(ApiError) as refused:
+            write(bad)
+        assert refused.value.code == 422 and field in refused.value.message, refused.value.message
+    assert "status" not in (kube_server.read("postgresclusters", "default", "typed") or {})
+    stored = write({"phase": "Running", "inventedField": 1, "members": [{"name": "typed-0", "bogus": 2}]})
+    assert stored["status"]["phase"] == "Running" and "inventedField" not in stored["status"]
+    assert stored["status"]["members"] == [
+        {"name": "typed-0", "role": "unknown", "ready": False, "reachable": False}
+    ]
+    # the engine's memory is kept whole: the schema preserves it as it is
+    stored = write({"engine": {"anything": {"nested": [1, "x", None]}}})
+    assert stored["status"]["engine"] == {"anything": {"nested": [1, "x", None]}}
+
+
 def test_scale_subresource_as_the_crd_declares_it(
     kube_api_client: Any, kube_server: EmulatedApiServer
 ) -> None:
@@ -407,13 +439,13 @@ def test_watch_streams_live_events_with_the_last_state_on_deletion(kube_server: 
     watcher = threading.Thread(target=watch)
     watcher.start()
     time.sleep(0.2)
-    http(kube_server, "PATCH", pgc_path("hippo", sub="status"), {"status": {"phase": "Last"}}, MERGE)
+    http(kube_server, "PATCH", pgc_path("hippo", sub="status"), {"status": {"phase": "Deleting"}}, MERGE)
     http(kube_server, "DELETE", pgc_path("hippo"))
     http(kube_server, "PATCH", pgc_path("hippo"), {"metadata": {"finalizers": None}}, MERGE)
     watcher.join(5)
     assert [e["type"] for e in events] == ["MODIFIED", "MODIFIED", "MODIFIED", "DELETED"]
     last = events[-1]["object"]
-    assert last["status"]["phase"] == "Last" and last["metadata"]["deletionTimestamp"]
+    assert last["status"]["phase"] == "Deleting" and last["metadata"]["deletionTimestamp"]
 
 
 @pytest.mark.asyncio
@@ -883,7 +915,7 @@ def test_a_kopf_operator_runs_against_the_emulator(
 
     @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
     def created(patch: kopf.Patch, body: kopf.Body, **_: Any) -> None:
-        patch.status["phase"] = "Created"
+        patch.status["phase"] = "Creating"
         kopf.info(body, reason="Created", message="seen by the test operator")
         seen.append("create")
 
@@ -897,7 +929,7 @@ def test_a_kopf_operator_runs_against_the_emulator(
         async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as session:
             while not stopped:
                 ticks += 1
-                status = {"status": {"ticks": ticks}}
+                status = {"status": {"readyInstances": ticks}}  # a field the schema knows
                 await session.patch(
                     url + pgc_path(name, namespace, "status"), json=status, headers={"Content-Type": MERGE}
                 )
@@ -921,8 +953,8 @@ def test_a_kopf_operator_runs_against_the_emulator(
     args = ["run", "--standalone", "--namespace", "default", "--verbose"]
     with kopf.testing.KopfRunner(args, registry=registry, settings=settings, timeout=15) as runner:
         custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, cluster())
-        wait_for(lambda: current().get("status", {}).get("phase") == "Created", "on.create")
-        wait_for(lambda: current().get("status", {}).get("ticks", 0) >= 2, "the daemon's status")
+        wait_for(lambda: current().get("status", {}).get("phase") == "Creating", "on.create")
+        wait_for(lambda: current().get("status", {}).get("readyInstances", 0) >= 2, "the daemon's status")
         assert "pgherd.io/finalizer" in current()["metadata"]["finalizers"]
         custom.patch_namespaced_custom_object(
             GROUP, VERSION, "default", PLURAL, "hippo", {"spec": {"instances": 5}}

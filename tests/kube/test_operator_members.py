@@ -304,6 +304,12 @@ def test_a_backup_runs_a_job_to_completed(bed: Bed) -> None:
     assert job["metadata"]["labels"][names.LABEL_BACKUP] == "first"
     status = eventually(lambda: backup_phase(bed, "first", "Completed"), 300, "the Backup Completed")
     assert status["backupId"] and status["startLSN"] and status["endLSN"] and status["timeline"] >= 1
+    # Read back by the Job (snapshot --verify); sizes as the CRD declares them: readable and exact.
+    assert status["verified"] is True and "error" not in status
+    assert isinstance(status["size"], str) and status["size"].endswith("Mi")
+    assert isinstance(status["sizeBytes"], int) and status["sizeBytes"] > 1 << 20
+    assert status["storePath"].startswith(f"s3://{bed.s3.bucket}/{bed.store_path}/{NAME}/")
+    assert status["storePath"].endswith(f"/snapshots/{status['backupId']}/")
     assert status["size"] and status["storedSize"]
     keys = bed.s3.client().list_objects_v2(Bucket=bed.s3.bucket, Prefix=f"{bed.store_path}/{NAME}/")
     assert any(f"snapshots/{status['backupId']}/" in item["Key"] for item in keys.get("Contents", []))

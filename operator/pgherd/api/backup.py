@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -63,3 +64,45 @@ class Backup(ApiModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     spec: BackupSpec
     status: BackupStatus | None = None
+
+
+def human_size(size: int | None) -> str | None:
+    """1536 -> '1.5Ki' (the Backup's readable sizes; the exact ones are sizeBytes, storedSizeBytes)."""
+    if size is None:
+        return None
+    amount = float(size)
+    for unit in ("", "Ki", "Mi", "Gi", "Ti"):
+        if amount < 1024 or unit == "Ti":
+            return f"{amount:.0f}{unit}" if unit == "" else f"{amount:.1f}{unit}"
+        amount /= 1024
+    return None
+
+
+def status_from_summary(summary: Mapping[str, Any], store_url: str | None = None) -> dict[str, Any]:
+    """A Backup's status fields from the JSON summary `pgherd-backup snapshot` prints (and a snapshot
+    Job leaves as its termination message), on every platform: the snapshot's id, LSNs, timeline,
+    sizes (readable strings as the CRD declares them, and exact bytes), where it is stored, and, with
+    `--verify`, whether every object read back (false: the reason in `error`)."""
+    if not summary.get("id"):
+        return {}
+    store = store_url or summary.get("store")
+    fields: dict[str, Any] = {
+        "backupId": summary.get("id"),
+        "startLSN": summary.get("start_lsn"),
+        "endLSN": summary.get("stop_lsn"),
+        "timeline": summary.get("timeline"),
+        "sizeBytes": summary.get("size"),
+        "storedSizeBytes": summary.get("stored_size"),
+        "size": human_size(summary.get("size")),
+        "storedSize": human_size(summary.get("stored_size")),
+        "storePath": (
+            f"{store}/{summary.get('cluster')}/{summary.get('system_id')}/snapshots/{summary['id']}/"
+            if store and summary.get("cluster")
+            else None
+        ),
+    }
+    if isinstance(summary.get("verified"), bool):
+        fields["verified"] = summary["verified"]
+        if not summary["verified"]:
+            fields["error"] = f"verify failed: {summary.get('verify_error') or 'unknown'}"
+    return {key: value for key, value in fields.items() if value is not None}

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from pgherd.api.backup import status_from_summary
 from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.engine import actions as act
 from pgherd.kube import names
@@ -421,26 +422,7 @@ def _snapshot_summary(ctx: ActContext, backup: str) -> JSON:
         ),
         None,
     )
-    if job is None:
-        return {}
-    result = job_result(ctx.objects, job)
-    keys = {
-        "backupId": ("backupId", "backup_id", "id"),
-        "startLSN": ("startLSN", "start_lsn"),
-        "endLSN": ("endLSN", "end_lsn", "stop_lsn"),
-        "timeline": ("timeline",),
-        "size": ("size",),
-        "storedSize": ("storedSize", "stored_size"),
-        "storePath": ("storePath", "store_path", "path"),
-        "verified": ("verified",),
-    }
-    out: JSON = {}
-    for key, candidates in keys.items():
-        for candidate in candidates:
-            if result.get(candidate) is not None:
-                out[key] = result[candidate]
-                break
-    return out
+    return {} if job is None else status_from_summary(job_result(ctx.objects, job))
 
 
 async def update_restore(ctx: ActContext, action: act.UpdateRestore) -> None:

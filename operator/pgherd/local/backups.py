@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from pgherd.agentview import kept_aside_since, restore_job_view, restore_snapshot
+from pgherd.api.backup import status_from_summary
 from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.engine import actions as act
 from pgherd.engine.view import BackupView, JobKind, JobState, JobView, RestoreView
@@ -190,17 +191,7 @@ class Backups:
             fields["completedAt"] = now_iso()
             summary = self.jobs.job(JobKind.SNAPSHOT, action.name).stdout_json() or {}
             if summary:
-                fields.update(
-                    backupId=summary.get("id"),
-                    startLSN=summary.get("start_lsn"),
-                    endLSN=summary.get("stop_lsn"),
-                    timeline=summary.get("timeline"),
-                    sizeBytes=summary.get("size"),
-                    storedSizeBytes=summary.get("stored_size"),
-                    size=_human(summary.get("size")),
-                    storedSize=_human(summary.get("stored_size")),
-                    storePath=f"{self.state.store_url}/{self.state.cluster}/{summary.get('system_id')}/snapshots/{summary.get('id')}/",
-                )
+                fields.update(status_from_summary(summary, self.state.store_url))
                 if action.phase == "Completed" and summary.get("id"):
                     # `verified` means what it says: every object re-read and checked, by a verify task.
                     command = [self.agent, "verify", *self._store_flags(), str(summary["id"])]
@@ -297,14 +288,3 @@ def _parse_time(value: str | None) -> datetime | None:
     if not value:
         return None
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
-def _human(size: int | None) -> str | None:
-    if size is None:
-        return None
-    amount = float(size)
-    for unit in ("", "Ki", "Mi", "Gi", "Ti"):
-        if amount < 1024 or unit == "Ti":
-            return f"{amount:.0f}{unit}" if unit == "" else f"{amount:.1f}{unit}"
-        amount /= 1024
-    return None

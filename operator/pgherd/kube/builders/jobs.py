@@ -136,6 +136,7 @@ def snapshot_command(ref: ClusterRef, source_host: str, source_port: int = names
         source_dsn(source_host, source_port),
         "--compression",
         compression,
+        "--verify",  # the Backup's `verified`: every object read back before the Job completes
         "--result-file",
         TERMINATION_LOG,
     ]
