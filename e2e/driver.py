@@ -35,6 +35,7 @@ class ObjectStatus(TypedDict, total=False):
     name: str
     phase: str | None
     backupId: str | None  # Backups
+    verified: bool | None  # Backups: every object of the snapshot read back (None: not checked yet)
     error: str | None
     keptData: list[str] | None  # Restores: where the survivors' data directories were kept aside
 

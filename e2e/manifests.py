@@ -20,9 +20,17 @@ def cluster(
     parameters: dict[str, str] | None = None,
     database: str = "app",
     owner: str = "app",
+    backup_schedule: str | None = None,
+    keep_last: int | None = None,
+    on_quorum_loss: str | None = None,
+    recovery_backup: str = "latest",
     **spec: Any,
 ) -> dict[str, Any]:
-    """A PostgresCluster with small storage and short failure detection; `spec` adds or overrides fields."""
+    """A PostgresCluster with small storage and short failure detection; `spec` adds or overrides fields.
+
+    `backup_schedule` (5-field cron, UTC) and `keep_last` set spec.backup's schedule and retention (the
+    driver supplies the store); `on_quorum_loss` (Wait or RestoreFromBackup) sets spec.recovery, from
+    `recovery_backup` (latest, or a Backup's name)."""
     body: dict[str, Any] = {
         "instances": instances,
         "postgresVersion": postgres_version,
@@ -34,6 +42,15 @@ def cluster(
         body["replication"] = {"mode": mode}
     if parameters:
         body["parameters"] = dict(parameters)
+    backup: dict[str, Any] = {}
+    if backup_schedule is not None:
+        backup["schedule"] = backup_schedule
+    if keep_last is not None:
+        backup["retention"] = {"keepLast": keep_last}
+    if backup:
+        body["backup"] = backup
+    if on_quorum_loss is not None:
+        body["recovery"] = {"onQuorumLoss": on_quorum_loss, "backup": recovery_backup}
     body.update(spec)
     return {"apiVersion": API_VERSION, "kind": "PostgresCluster", "metadata": {"name": name}, "spec": body}
 

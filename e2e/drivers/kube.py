@@ -228,6 +228,7 @@ class KubeDriver(PollingDriver):
             }
             if with_id:
                 entry["backupId"] = status.get("backupId")
+                entry["verified"] = status.get("verified")
             else:
                 entry["keptData"] = status.get("keptData")
             found.append(entry)
