@@ -25,7 +25,7 @@ from pgherd.kube.api import Credentials
 from pgherd.kube.handlers import Election, Operator, build
 from pgherd.kube.loop import OperatorConfig
 
-from .conftest import TOKEN
+from .conftest import TOKEN, USER
 from .emulator import EmulatedApiServer, calls_not_allowed
 from .waiting import eventually
 
@@ -125,6 +125,16 @@ def test_a_spec_change_is_observed(kube_server: EmulatedApiServer) -> None:
     kube_server.create(cluster_manifest())
     with running_operator(kube_server):
         eventually(lambda: kube_server.read("poddisruptionbudgets", NS, "hippo"), what="the PDB")
+        eventually(
+            lambda: (kube_server.read("statefulsets", NS, "hippo") or {}).get("spec", {}).get("replicas"),
+            what="the first member ordered",
+        )
+        time.sleep(0.5)
+        # Settled, with no member to ask: ticks (every 0.2 s) cost no request at all.
+        mark = len(kube_server.calls)
+        time.sleep(1.0)
+        idle = [c for c in kube_server.calls[mark:] if c.user == USER and c.verb != "watch"]
+        assert not idle, idle
         kube_server.merge("postgresclusters", NS, "hippo", {"spec": {"instances": 5}})
         cluster = eventually(
             lambda: (
@@ -145,6 +155,13 @@ def test_a_spec_change_is_observed(kube_server: EmulatedApiServer) -> None:
             what="the PDB to keep a majority of 5",
         )
         assert pdb["spec"]["selector"]["matchLabels"][names.LABEL_CLUSTER] == "hippo"
+        # What changed is patched, once: no create attempt answered 409 first.
+        budget_writes = [
+            (c.verb, c.code)
+            for c in kube_server.calls[mark:]
+            if c.user == USER and c.resource == "poddisruptionbudgets"
+        ]
+        assert budget_writes == [("patch", 200)], budget_writes
 
 
 def test_a_one_instance_cluster_has_no_disruption_budget(kube_server: EmulatedApiServer) -> None:

@@ -183,6 +183,7 @@ def cluster_manifest(s3: Any, store_path: str) -> dict[str, Any]:
                     }
                 },
                 "compression": "lz4",
+                "retention": {"keepLast": 5},
             },
         },
     }
@@ -315,6 +316,23 @@ def test_a_backup_runs_a_job_to_completed(bed: Bed) -> None:
     assert any(f"snapshots/{status['backupId']}/" in item["Key"] for item in keys.get("Contents", []))
     last = eventually(lambda: bed.status().get("lastSuccessfulBackup"), what="lastSuccessfulBackup")
     assert "first" in str(last) or status["backupId"] in str(last)
+    # Retention (keepLast 5) runs a prune Job after the backup; it keeps this snapshot.
+    prune = eventually(lambda: pruned(bed), 120, "a prune Job to succeed")
+    assert status["backupId"] in prune["kept"] and prune["deleted_snapshots"] == []
+
+
+def pruned(bed: Bed) -> dict[str, Any] | None:
+    """The summary the cluster's succeeded prune Job left in its pod's termination message."""
+    selector = f"{names.LABEL_CLUSTER}={NAME},{names.LABEL_COMPONENT}={names.COMPONENT_PRUNE}"
+    for job in bed.server.items("jobs", NS, label_selector=selector):
+        if not (job.get("status") or {}).get("succeeded"):
+            continue
+        for pod in bed.server.items("pods", NS, label_selector=f"job-name={job['metadata']['name']}"):
+            for container in (pod.get("status") or {}).get("containerStatuses") or []:
+                message = ((container.get("state") or {}).get("terminated") or {}).get("message")
+                if message:
+                    return dict(json.loads(message))
+    return None
 
 
 def test_a_backup_whose_store_refuses_fails_with_a_condition_and_an_event(bed: Bed) -> None:

@@ -40,3 +40,45 @@ def test_the_loops_own_status_writes_do_not_wake_it() -> None:
 
     # first sight, a status-only change (same generation and annotations), a spec change, an annotation
     assert asyncio.run(scenario()) == [True, False, True, True]
+
+
+def test_watch_handlers_run_in_the_event_loop_not_in_threads() -> None:
+    """kopf runs a plain-function handler in a thread pool: a thread hop per watch event, and the
+    loops' asyncio.Events set from another thread (not thread-safe). Every watch-fed handler (the
+    indexes, the wake-up) is a coroutine."""
+    from pgherd.kube.handlers import Operator, build
+
+    registry, _ = build(Operator())
+    handlers = [*registry._indexing.get_all_handlers(), *registry._watching.get_all_handlers()]
+    assert len(handlers) >= 7
+    plain = [str(h.id) for h in handlers if not asyncio.iscoroutinefunction(h.fn)]
+    assert not plain, plain
+
+
+def test_kopfs_own_annotations_do_not_wake_the_loop_a_switchover_request_does() -> None:
+    """kopf writes its last-handled-configuration annotation after every spec change: that write must
+    not cost each cluster a second tick. A user's switchover annotation wakes it at once."""
+    from pgherd.kube import names
+    from pgherd.kube.handlers import Operator, build
+
+    operator = Operator()
+    registry, _ = build(operator)
+    (wake,) = [h.fn for h in registry._watching.get_all_handlers() if str(h.id) == "wake"]
+
+    async def scenario() -> list[bool]:
+        event = operator.wakeups.get("ns", "c")
+        woken = []
+        for marks in (
+            {},
+            {f"{names.PROGRESS_PREFIX}/last-handled-configuration": '{"spec": {"instances": 4}}'},
+            {f"{names.PROGRESS_PREFIX}/last-handled-configuration": '{"spec": {"instances": 5}}'},
+            {names.ANNOTATION_RESTORE: '{"restore": "r"}'},  # the loop's own record
+            {names.ANNOTATION_SWITCHOVER: "c-1"},
+        ):
+            event.clear()
+            body = {"metadata": {"name": "c", "namespace": "ns", "generation": 2, "annotations": marks}}
+            await wake(body=body, namespace="ns", name="c")
+            woken.append(event.is_set())
+        return woken
+
+    assert asyncio.run(scenario()) == [True, False, False, False, True]

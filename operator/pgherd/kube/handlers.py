@@ -5,7 +5,9 @@ run two operators in one process), kopf's settings under pgherd.io names, and th
   Backups and Restores by cluster. The daemon reads them: no list request per tick.
 - A daemon per PostgresCluster runs ClusterLoop.tick() while this operator holds the Lease; kopf
   cancels it (``cancellation_timeout``) when the cluster is deleted, so deletion is never blocked.
-- Watch events on a cluster or its pods wake its loop at once.
+- Watch events on a cluster or its pods wake its loop at once. Every handler is a coroutine: kopf runs
+  a plain function in a thread pool, which costs a thread hop per watch event and would set the loops'
+  asyncio.Events from another thread (not thread-safe: a woken loop might not notice until later).
 - No kopf peering: leader election is pgherd's own Lease (see leader.py).
 """
 
@@ -133,7 +135,7 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
     cluster_labels = {names.LABEL_CLUSTER: kopf.PRESENT}
 
     @kopf.index("pods", labels=cluster_labels, id="pgherd_pods", registry=registry)
-    def pgherd_pods(**kwargs: Any) -> Any:
+    async def pgherd_pods(**kwargs: Any) -> Any:
         key = _key(kwargs["namespace"], kwargs["labels"].get(names.LABEL_CLUSTER))
         if key is None:
             return None
@@ -141,12 +143,12 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
         return {key: _plain(kwargs["body"])}
 
     @kopf.index("persistentvolumeclaims", labels=cluster_labels, id="pgherd_pvcs", registry=registry)
-    def pgherd_pvcs(**kwargs: Any) -> Any:
+    async def pgherd_pvcs(**kwargs: Any) -> Any:
         key = _key(kwargs["namespace"], kwargs["labels"].get(names.LABEL_CLUSTER))
         return None if key is None else {key: _plain(kwargs["body"])}
 
     @kopf.index("batch", "v1", "jobs", labels=cluster_labels, id="pgherd_jobs", registry=registry)
-    def pgherd_jobs(**kwargs: Any) -> Any:
+    async def pgherd_jobs(**kwargs: Any) -> Any:
         key = _key(kwargs["namespace"], kwargs["labels"].get(names.LABEL_CLUSTER))
         if key is None:
             return None
@@ -156,12 +158,12 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
     @kopf.index(
         "apps", "v1", "statefulsets", labels=cluster_labels, id="pgherd_statefulsets", registry=registry
     )
-    def pgherd_statefulsets(**kwargs: Any) -> Any:
+    async def pgherd_statefulsets(**kwargs: Any) -> Any:
         key = _key(kwargs["namespace"], kwargs["labels"].get(names.LABEL_CLUSTER))
         return None if key is None else {key: _plain(kwargs["body"])}
 
     @kopf.index(names.GROUP, names.VERSION, names.PLURAL_BACKUPS, id="pgherd_backups", registry=registry)
-    def pgherd_backups(**kwargs: Any) -> Any:
+    async def pgherd_backups(**kwargs: Any) -> Any:
         key = _key(kwargs["namespace"], (kwargs["spec"].get("cluster") or {}).get("name"))
         if key is None:
             return None
@@ -169,7 +171,7 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
         return {key: _plain(kwargs["body"])}
 
     @kopf.index(names.GROUP, names.VERSION, names.PLURAL_RESTORES, id="pgherd_restores", registry=registry)
-    def pgherd_restores(**kwargs: Any) -> Any:
+    async def pgherd_restores(**kwargs: Any) -> Any:
         key = _key(kwargs["namespace"], (kwargs["spec"].get("cluster") or {}).get("name"))
         if key is None:
             return None
@@ -177,10 +179,13 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
         return {key: _plain(kwargs["body"])}
 
     @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL_CLUSTERS, id="wake", registry=registry)
-    def wake_cluster(**kwargs: Any) -> None:
-        # Not for the loop's own status writes: only what a user (or kubectl scale) changes.
+    async def wake_cluster(**kwargs: Any) -> None:
+        # Only what a user (or kubectl scale) changes: the spec (its generation), a deletion, the
+        # switchover request. Not the loop's own writes (status, its restore record), nor kopf's
+        # last-handled-configuration annotation, written after every spec change.
         meta = kwargs["body"].get("metadata") or {}
-        seen = (meta.get("generation"), meta.get("deletionTimestamp"), repr(meta.get("annotations")))
+        switchover = (meta.get("annotations") or {}).get(names.ANNOTATION_SWITCHOVER)
+        seen = (meta.get("generation"), meta.get("deletionTimestamp"), switchover)
         operator.wakeups.wake_on_change(kwargs["namespace"], kwargs["name"], seen)
 
     @kopf.on.delete(

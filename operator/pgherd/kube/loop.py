@@ -105,6 +105,7 @@ class ClusterLoop:
         self.spec_error: str | None = None
         self.expanded_to: str | None = None
         self.polled = False  # the last tick asked at least one agent
+        self._parsed: tuple[tuple[object, object], tuple[PostgresClusterSpec, str, str]] | None = None
 
     async def close(self) -> None:
         if self.agents is not None:
@@ -131,12 +132,10 @@ class ClusterLoop:
             self.engine = EngineStatus.from_dict((self.status_doc or {}).get("engine") or {})
             self.restores.load(fresh)
         try:
-            spec = PostgresClusterSpec.model_validate(body.get("spec") or {})
+            spec, image, revision = self._spec(body)
         except ValidationError as exc:
             await self._refuse_spec(body, exc)
             return
-        image = self.owned.image(spec)
-        revision = spec_revision(spec)
         try:
             secrets = await self.owned.ensure(body, spec, image, revision)
         except ApiError as exc:
@@ -220,6 +219,18 @@ class ClusterLoop:
             return
         if self.holding():
             await self.restores.follow(objects, statuses)
+
+    def _spec(self, body: JSON) -> tuple[PostgresClusterSpec, str, str]:
+        """The validated spec, its image and revision; parsed again only when the spec changed (its
+        ``metadata.generation``, which the API server moves on every change of the spec)."""
+        meta = body["metadata"]
+        key = (meta.get("uid"), meta.get("generation"))
+        if self._parsed is not None and key[1] is not None and self._parsed[0] == key:
+            return self._parsed[1]
+        spec = PostgresClusterSpec.model_validate(body.get("spec") or {})
+        parsed = (spec, self.owned.image(spec), spec_revision(spec))
+        self._parsed = (key, parsed)
+        return parsed
 
     def _member_address(self, objects: ClusterObjects, member: str) -> str | None:
         if self.config.member_address == "ip":

@@ -61,6 +61,7 @@ class OwnedObjects:
         self._applied: dict[tuple[str, str], str] = {}
         self._secrets: AgentSecrets | None = None
         self.blocked: list[str] = []  # StatefulSet fields that differ but cannot change in place
+        self._ensured: tuple[object, ...] | None = None  # what the objects were last applied for
 
     def image(self, spec: PostgresClusterSpec) -> str:
         return common.resolve_image(spec, self.config.postgres_image, self.config.default_image)
@@ -77,6 +78,12 @@ class OwnedObjects:
         )
 
     async def ensure(self, body: JSON, spec: PostgresClusterSpec, image: str, revision: str) -> AgentSecrets:
+        """Every owned object as the builders describe them. Nothing is built again while the cluster's
+        spec (its generation) and image stay as they were when all of them were last applied."""
+        meta = body["metadata"]
+        key = (meta.get("uid"), meta.get("generation"), image)
+        if self._secrets is not None and key[1] is not None and key == self._ensured:
+            return self._secrets
         ref = self.ref(body, spec, image, revision)
         agent = await self._ensure_secrets(ref)
         await self._apply("ServiceAccount", serviceaccount.service_account(ref))
@@ -89,6 +96,7 @@ class OwnedObjects:
         else:
             await self._apply("PodDisruptionBudget", budget)
         await self._ensure_statefulset(ref)
+        self._ensured = key
         return agent
 
     async def _ensure_secrets(self, ref: common.ClusterRef) -> AgentSecrets:
@@ -157,18 +165,27 @@ class OwnedObjects:
         meta = body["metadata"]
         key = (kind, f"{meta['namespace']}/{meta['name']}")
         digest = _digest(body)
-        if self._applied.get(key) == digest:
+        known = self._applied.get(key)
+        if known == digest:
             return
+        patch = {k: v for k, v in body.items() if k not in ("apiVersion", "kind", "status")}
+        if kind == "Service":  # clusterIP and its kin are immutable and set by the API server
+            patch["spec"] = {k: v for k, v in body["spec"].items() if k not in ("clusterIP", "clusterIPs")}
+        # Applied before by this operator: most likely still there, patched at once (one request);
+        # otherwise created, and patched only when it exists already.
+        if known is not None and known != "deleted":
+            try:
+                await self.api.patch(kind, meta["namespace"], meta["name"], patch)
+                self._applied[key] = digest
+                return
+            except ApiError as exc:
+                if exc.code != 404:
+                    raise
         try:
             await self.api.create(kind, meta["namespace"], body)
         except ApiError as exc:
             if not exc.conflict:
                 raise
-            patch = {k: v for k, v in body.items() if k not in ("apiVersion", "kind", "status")}
-            if kind == "Service":  # clusterIP and its kin are immutable and set by the API server
-                patch["spec"] = {
-                    k: v for k, v in body["spec"].items() if k not in ("clusterIP", "clusterIPs")
-                }
             await self.api.patch(kind, meta["namespace"], meta["name"], patch)
         self._applied[key] = digest
 

@@ -127,11 +127,13 @@ def last_successful_backup(view: ClusterView) -> str | None:
 def unchanged(document: Mapping[str, Any], previous: Mapping[str, Any]) -> bool:
     """True when writing ``document`` would change nothing but condition timestamps."""
 
-    def strip(doc: Mapping[str, Any]) -> JSON:
-        out = {k: v for k, v in doc.items() if k != "conditions"}
-        out["conditions"] = [
-            {k: v for k, v in c.items() if k != "lastTransitionTime"} for c in doc.get("conditions") or []
-        ]
-        return out
+    def stamped(conditions: Any) -> list[JSON]:
+        return [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in conditions or []]
 
-    return all(strip(document).get(k) == strip(previous).get(k) for k in document)
+    for key, value in document.items():
+        if key == "conditions":
+            if stamped(value) != stamped(previous.get(key)):
+                return False
+        elif previous.get(key) != value:
+            return False
+    return True
