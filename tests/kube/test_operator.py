@@ -279,6 +279,71 @@ def test_a_spec_the_crd_cannot_refuse_gets_a_condition_and_an_event(kube_server:
         )
         time.sleep(0.5)
         assert kube_server.read("statefulsets", NS, "hippo") is None  # nothing acted on a bad spec
+        # Corrected, the cluster is built; spoiled again and put back as it was, the Failed status
+        # written meanwhile is replaced (the decision is the same as before the failure).
+        kube_server.merge("postgresclusters", NS, "hippo", {"spec": {"instances": 3}})
+        eventually(lambda: phase_other_than(kube_server, "Failed"), what="the phase to leave Failed")
+        eventually(lambda: kube_server.read("statefulsets", NS, "hippo"), what="the StatefulSet")
+        time.sleep(0.5)
+        kube_server.merge("postgresclusters", NS, "hippo", {"spec": {"instances": 40}})
+        eventually(lambda: phase_other_than(kube_server, "Creating", "Pending"), what="phase Failed again")
+        kube_server.merge("postgresclusters", NS, "hippo", {"spec": {"instances": 3}})
+        eventually(lambda: phase_other_than(kube_server, "Failed"), what="the phase to leave Failed again")
+
+
+def test_a_refused_object_write_fails_the_cluster_until_it_passes(kube_server: EmulatedApiServer) -> None:
+    """The API server refuses a write of an owned object (here: every PodDisruptionBudget write, 500):
+    a condition and an Event say so, nothing else is done meanwhile; once writes pass again the status
+    says what the engine decided, even though that decision was written before the failure."""
+    refusing = {"on": False}
+
+    def inject() -> None:
+        emulator = kube_server.emulator
+        (
+            emulator[
+                lambda request: (
+                    refusing["on"]
+                    and request.method == "PATCH"
+                    and "/poddisruptionbudgets/" in str(request.url.path)
+                )
+            ]
+            << 500
+            << {"kind": "Status", "reason": "InternalError", "message": "etcd is slow"}
+        )
+
+    kube_server.call(inject)
+    kube_server.create(cluster_manifest())
+    with running_operator(kube_server):
+        eventually(lambda: phase_other_than(kube_server, "Failed"), what="a first status")
+        eventually(lambda: kube_server.read("statefulsets", NS, "hippo"), what="the StatefulSet")
+        refusing["on"] = True
+        kube_server.merge("postgresclusters", NS, "hippo", {"spec": {"instances": 5}})
+        cluster = eventually(
+            lambda: (
+                (c := kube_server.read("postgresclusters", NS, "hippo"))
+                and (c.get("status") or {}).get("phase") == "Failed"
+                and c
+            ),
+            what="phase Failed",
+        )
+        ready = next(c for c in cluster["status"]["conditions"] if c["type"] == "Ready")
+        assert ready["reason"] == "ObjectsFailed" and "etcd is slow" in ready["message"]
+        refusing["on"] = False
+        eventually(lambda: phase_other_than(kube_server, "Failed"), what="the phase to leave Failed")
+        eventually(
+            lambda: (
+                (kube_server.read("poddisruptionbudgets", NS, "hippo") or {})
+                .get("spec", {})
+                .get("minAvailable")
+                == 3
+            ),
+            what="the PDB for 5 members",
+        )
+
+
+def phase_other_than(server: EmulatedApiServer, *phases: str) -> str | None:
+    phase = ((server.read("postgresclusters", NS, "hippo") or {}).get("status") or {}).get("phase")
+    return phase if phase and phase not in phases else None
 
 
 @pytest.mark.kube_emulator(tokens={TOKEN: "tester", "first": "first", "second": "second"})

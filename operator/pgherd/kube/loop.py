@@ -5,8 +5,10 @@
 - The engine's memory (``status.engine``) is read from the API when the loop starts or regains the
   leadership, and kept in memory while it runs: the watch may lag behind the loop's own writes.
 - Status is written (status subresource) before any action, and only when it changed.
-- Owned objects are created when missing and patched when their desired form changes; Secrets are
-  created once and never overwritten.
+- Then the owned objects are created when missing and patched when their desired form changes (an
+  action like the others; only the Secrets the agents need come first); Secrets are created once and
+  never overwritten. A refused write sets phase Failed with a condition and an Event; the next tick
+  that passes writes the engine's status again.
 - Wakes at once on a change of the cluster or of its pods; else every ``interval`` (shorter while an
   operation is in flight: each step of a failover waits for an observation).
 """
@@ -137,10 +139,10 @@ class ClusterLoop:
             await self._refuse_spec(body, exc)
             return
         try:
-            secrets = await self.owned.ensure(body, spec, image, revision)
+            secrets = await self.owned.agent_secrets(body, spec, image, revision)
         except ApiError as exc:
             await self._report_failure(
-                body, "ObjectsFailed", f"cannot create or update the cluster's objects: {exc}"
+                body, "ObjectsFailed", f"cannot create or read the cluster's Secrets: {exc}"
             )
             return
         if self.agents is None:
@@ -152,20 +154,6 @@ class ClusterLoop:
                 scheme=self.config.agent_scheme,
             )
         objects = self.gather(body)
-        if spec.storage.size != self.expanded_to:
-            self.expanded_to = spec.storage.size
-            for message in await expand_volumes(self.api, objects.pvcs, spec):
-                await self.events.record(body, RecordEvent("VolumeExpansionRefused", message, warning=True))
-        for field_name in self.owned.blocked:
-            if field_name != "spec.volumeClaimTemplates":
-                await self.events.record(
-                    body,
-                    RecordEvent(
-                        "ImmutableField",
-                        f"the StatefulSet's {field_name} cannot change in place: the change waits",
-                        warning=True,
-                    ),
-                )
         # Every member, busy ones too: an agent answers /status during its actions (its `action` says
         # which), and a member left out would look unreachable (a re-pointed replica: quorum lost).
         addresses = {p["metadata"]["name"]: ip for p in objects.pods if (ip := pod_ip(p)) is not None}
@@ -192,6 +180,8 @@ class ClusterLoop:
             self.status_doc = {**(self.status_doc or {}), **document}
         self.engine = decision.status
         self._log_phase(decision)
+        if not await self._reconcile_objects(body, spec, image, revision, objects):
+            return
         await self._clear_switchover(body, decision, switchover_to, {m.name for m in view.existing()})
         context = ActContext(
             api=self.api,
@@ -219,6 +209,35 @@ class ClusterLoop:
             return
         if self.holding():
             await self.restores.follow(objects, statuses)
+
+    async def _reconcile_objects(
+        self, body: JSON, spec: PostgresClusterSpec, image: str, revision: str, objects: ClusterObjects
+    ) -> bool:
+        """The owned objects as the spec describes them (after the status write: they are actions too),
+        volumes grown to spec.storage.size, and the StatefulSet fields that cannot change reported.
+        False when the API server refused: nothing else is done this tick."""
+        try:
+            await self.owned.ensure(body, spec, image, revision)
+        except ApiError as exc:
+            await self._report_failure(
+                body, "ObjectsFailed", f"cannot create or update the cluster's objects: {exc}"
+            )
+            return False
+        if spec.storage.size != self.expanded_to:
+            self.expanded_to = spec.storage.size
+            for message in await expand_volumes(self.api, objects.pvcs, spec):
+                await self.events.record(body, RecordEvent("VolumeExpansionRefused", message, warning=True))
+        for field_name in self.owned.blocked:
+            if field_name != "spec.volumeClaimTemplates":
+                await self.events.record(
+                    body,
+                    RecordEvent(
+                        "ImmutableField",
+                        f"the StatefulSet's {field_name} cannot change in place: the change waits",
+                        warning=True,
+                    ),
+                )
+        return True
 
     def _spec(self, body: JSON) -> tuple[PostgresClusterSpec, str, str]:
         """The validated spec, its image and revision; parsed again only when the spec changed (its
@@ -319,6 +338,8 @@ class ClusterLoop:
             await self.api.patch(
                 "PostgresCluster", self.namespace, self.name, {"status": document}, subresource="status"
             )
+            if self.status_doc is not None:  # once it passes, the engine's status is written again
+                self.status_doc = {**self.status_doc, **document}
         except ApiError as exc:
             log.warning("%s/%s: cannot write status: %s", self.namespace, self.name, exc)
         await self.events.record(body, RecordEvent(reason, message, warning=True))

@@ -99,6 +99,15 @@ class OwnedObjects:
         self._ensured = key
         return agent
 
+    async def agent_secrets(
+        self, body: JSON, spec: PostgresClusterSpec, image: str, revision: str
+    ) -> AgentSecrets:
+        """The agents' token and CA (the Secrets created once, then remembered): what the loop needs to
+        observe its members, before anything else is reconciled."""
+        if self._secrets is not None:
+            return self._secrets
+        return await self._ensure_secrets(self.ref(body, spec, image, revision))
+
     async def _ensure_secrets(self, ref: common.ClusterRef) -> AgentSecrets:
         if self._secrets is not None:
             return self._secrets
@@ -179,7 +188,7 @@ class OwnedObjects:
                 self._applied[key] = digest
                 return
             except ApiError as exc:
-                if exc.code != 404:
+                if not exc.not_found:
                     raise
         try:
             await self.api.create(kind, meta["namespace"], body)
