@@ -162,6 +162,14 @@ def test_a_spec_change_is_observed(kube_server: EmulatedApiServer) -> None:
             if c.user == USER and c.resource == "poddisruptionbudgets"
         ]
         assert budget_writes == [("patch", 200)], budget_writes
+        # Nothing but the status is written to the cluster itself (kopf's diff-base annotation would be
+        # one more write, and one more watch event, per spec change).
+        own = [
+            (c.verb, c.subresource)
+            for c in kube_server.calls[mark:]
+            if c.user == USER and c.resource == "postgresclusters" and c.verb not in ("watch", "get", "list")
+        ]
+        assert own and set(own) == {("patch", "status")}, own
 
 
 def test_a_one_instance_cluster_has_no_disruption_budget(kube_server: EmulatedApiServer) -> None:

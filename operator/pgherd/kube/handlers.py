@@ -63,6 +63,16 @@ class Operator:
         return self.leader is not None and self.leader.holding()
 
 
+class ConstantDiffBase(kopf.AnnotationsDiffBaseStorage):
+    """pgherd registers no create/update/field handlers: each cluster's loop reads the spec itself. kopf's
+    diff-base (what it last handled) would cost a deep copy of the object on every watch event and a
+    metadata patch (one more write, one more watch event) after every spec change; here the essence is
+    constant, stored once per object. Deletion handlers follow deletionTimestamp, not the diff."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return {}
+
+
 def _key(namespace: str | None, cluster: str | None) -> tuple[str, str] | None:
     return None if namespace is None or cluster is None else (namespace, cluster)
 
@@ -81,7 +91,7 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
     settings = kopf.OperatorSettings()
     settings.persistence.finalizer = names.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.PROGRESS_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = ConstantDiffBase(
         prefix=names.PROGRESS_PREFIX, key="last-handled-configuration"
     )
     settings.peering.standalone = True
