@@ -349,6 +349,77 @@ def test_a_refused_object_write_fails_the_cluster_until_it_passes(kube_server: E
         )
 
 
+def test_what_the_kubelet_reports_of_a_stuck_pod_becomes_a_condition_and_an_event(
+    kube_server: EmulatedApiServer,
+) -> None:
+    """A member pod that cannot start (its S3 credentials Secret missing, its image not found, no node
+    with room) is reported as the kubelet and the scheduler say it: condition PodsHealthy False naming
+    the pod and the cause, and a Warning Event; when the pod starts, the condition turns True."""
+    kube_server.create(cluster_manifest())
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "hippo-0",
+            "namespace": NS,
+            "labels": {names.LABEL_CLUSTER: "hippo", names.LABEL_COMPONENT: names.COMPONENT_POSTGRES},
+        },
+        "spec": {"containers": [{"name": names.CONTAINER_POSTGRES, "image": "x"}]},
+    }
+    waiting = {
+        "phase": "Pending",
+        "containerStatuses": [
+            {
+                "name": names.CONTAINER_POSTGRES,
+                "ready": False,
+                "restartCount": 0,
+                "image": "x",
+                "imageID": "",
+                "state": {
+                    "waiting": {
+                        "reason": "CreateContainerConfigError",
+                        "message": 'secret "backup-store" not found',
+                    }
+                },
+            }
+        ],
+    }
+    with running_operator(kube_server):
+        eventually(lambda: kube_server.read("statefulsets", NS, "hippo"), what="the StatefulSet")
+        kube_server.create(pod)
+        kube_server.merge("pods", NS, "hippo-0", {"status": waiting}, subresource="status")
+
+        def pods_healthy() -> dict[str, Any] | None:
+            status = (kube_server.read("postgresclusters", NS, "hippo") or {}).get("status") or {}
+            return next((c for c in status.get("conditions") or [] if c["type"] == "PodsHealthy"), None)
+
+        condition = eventually(
+            lambda: (c := pods_healthy()) and c["status"] == "False" and c, what="PodsHealthy False"
+        )
+        assert condition["reason"] == "CreateContainerConfigError"
+        assert "hippo-0" in condition["message"] and 'secret "backup-store" not found' in condition["message"]
+        (event,) = eventually(
+            lambda: [
+                e
+                for e in kube_server.items("events.k8s.io/v1/events", NS)
+                if e.get("reason") == "CreateContainerConfigError"
+            ],
+            what="a Warning Event",
+        )
+        assert event["type"] == "Warning" and "backup-store" in event["note"]
+        running = {
+            "phase": "Running",
+            "containerStatuses": [
+                {
+                    **waiting["containerStatuses"][0],
+                    "state": {"running": {"startedAt": "2026-11-24T00:00:00Z"}},
+                }
+            ],
+        }
+        kube_server.merge("pods", NS, "hippo-0", {"status": running}, subresource="status")
+        eventually(lambda: (c := pods_healthy()) and c["status"] == "True", what="PodsHealthy True")
+
+
 def phase_other_than(server: EmulatedApiServer, *phases: str) -> str | None:
     phase = ((server.read("postgresclusters", NS, "hippo") or {}).get("status") or {}).get("phase")
     return phase if phase and phase not in phases else None

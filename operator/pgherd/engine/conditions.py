@@ -16,6 +16,9 @@ class ConditionType(StrEnum):
     CONTINUOUS_ARCHIVING = "ContinuousArchiving"
     LAST_BACKUP_SUCCEEDED = "LastBackupSucceeded"
     WAITING = "Waiting"  # why the engine takes no action while the cluster is not Running
+    # Kubernetes only (set by the adapter, not the engine): pods the kubelet or the scheduler cannot
+    # start (a missing Secret or key, an image not found, a crash loop, no node with room).
+    PODS_HEALTHY = "PodsHealthy"
 
 
 @dataclass(frozen=True)

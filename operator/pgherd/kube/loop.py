@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.engine import EngineStatus, decide
 from pgherd.engine.actions import RecordEvent
+from pgherd.engine.conditions import Condition, ConditionType, false, true
 from pgherd.engine.plan import Decision
 from pgherd.engine.revision import spec_revision
 from pgherd.engine.status import OperationKind
@@ -38,7 +39,7 @@ from pgherd.kube.agents import Agents
 from pgherd.kube.api import ApiError, KubeApi
 from pgherd.kube.events import Events
 from pgherd.kube.objects import OwnedObjects, expand_volumes
-from pgherd.kube.observe import ClusterObjects, cluster_view, pod_ip
+from pgherd.kube.observe import ClusterObjects, PodProblem, cluster_view, pod_ip, pod_problems
 from pgherd.kube.restores import Restores
 from pgherd.kube.status import cluster_status, unchanged
 
@@ -170,7 +171,15 @@ class ClusterLoop:
         )
         assert self.engine is not None
         decision = decide(spec, view, self.engine)
-        document = cluster_status(decision, view, self.status_doc or {}, image=image, statuses=statuses)
+        problems = pod_problems(objects)
+        document = cluster_status(
+            decision,
+            view,
+            self.status_doc or {},
+            image=image,
+            statuses=statuses,
+            extra=[pods_healthy(problems)],
+        )
         if self.status_doc is None or not unchanged(document, self.status_doc):
             if not self.holding():
                 return
@@ -180,6 +189,8 @@ class ClusterLoop:
             self.status_doc = {**(self.status_doc or {}), **document}
         self.engine = decision.status
         self._log_phase(decision)
+        for problem in problems:  # an Event each (the same one is not posted again for 5 minutes)
+            await self.events.record(body, RecordEvent(problem.reason, problem.describe(), warning=True))
         if not await self._reconcile_objects(body, spec, image, revision, objects):
             return
         await self._clear_switchover(body, decision, switchover_to, {m.name for m in view.existing()})
@@ -349,3 +360,12 @@ class ClusterLoop:
         if decision.phase.value != self.last_phase or decision.message != self.last_message:
             log.info("%s/%s: phase %s: %s", self.namespace, self.name, decision.phase.value, decision.message)
             self.last_phase, self.last_message = decision.phase.value, decision.message
+
+
+def pods_healthy(problems: list[PodProblem]) -> Condition:
+    """PodsHealthy: False with the first problem's reason and every problem listed, else True."""
+    if not problems:
+        return true(ConditionType.PODS_HEALTHY, "NoPodStuck", "no pod waits for a person")
+    return false(
+        ConditionType.PODS_HEALTHY, problems[0].reason, "; ".join(p.describe() for p in problems)[:1024]
+    )

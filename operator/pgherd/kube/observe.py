@@ -346,3 +346,44 @@ def cluster_view(
         switchover_to=switchover_to,
         rw_member=rw_member(objects),
     )
+
+
+# Waiting reasons the kubelet reports while a container starts normally: not problems.
+_STARTING = frozenset({"ContainerCreating", "PodInitializing"})
+
+
+@dataclass(frozen=True)
+class PodProblem:
+    pod: str
+    reason: str  # the kubelet's waiting reason, or Unschedulable
+    message: str
+
+    def describe(self) -> str:
+        return f"pod {self.pod}: {self.reason}" + (f": {self.message}" if self.message else "")
+
+
+def pod_problems(objects: ClusterObjects) -> list[PodProblem]:
+    """What the scheduler and the kubelet say of the cluster's pods (members and Jobs) that cannot
+    start: unschedulable, or a container waiting for a reason that needs a person (a missing Secret or
+    key: CreateContainerConfigError; ErrImagePull, ImagePullBackOff, InvalidImageName; CrashLoopBackOff;
+    ...). The normal waits of a starting container are not problems."""
+    found = []
+    for pod in [*objects.pods, *objects.job_pods]:
+        name = str(pod["metadata"]["name"])
+        status = pod.get("status") or {}
+        for condition in status.get("conditions") or []:
+            if (
+                condition.get("type") == "PodScheduled"
+                and condition.get("status") == "False"
+                and condition.get("reason") == "Unschedulable"
+            ):
+                found.append(PodProblem(name, "Unschedulable", str(condition.get("message") or "")))
+        for container in [
+            *(status.get("initContainerStatuses") or []),
+            *(status.get("containerStatuses") or []),
+        ]:
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            reason = waiting.get("reason")
+            if reason and reason not in _STARTING:
+                found.append(PodProblem(name, str(reason), str(waiting.get("message") or "")))
+    return found

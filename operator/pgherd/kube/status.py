@@ -85,8 +85,10 @@ def cluster_status(
     *,
     image: str,
     statuses: Mapping[str, Status | None] | None = None,
+    extra: Sequence[Condition] = (),
 ) -> JSON:
-    """The whole status document (a merge patch replaces each key it names)."""
+    """The whole status document (a merge patch replaces each key it names); ``extra``: the adapter's
+    own conditions beside the engine's."""
     generation = view.generation
     listed = members(view, decision.current_primary)
     system_id = previous.get("systemIdentifier")
@@ -98,7 +100,9 @@ def cluster_status(
     return {
         "phase": decision.phase.value,
         "message": decision.message or None,
-        "conditions": conditions(decision.conditions, previous.get("conditions") or [], generation),
+        "conditions": conditions(
+            [*decision.conditions, *extra], previous.get("conditions") or [], generation
+        ),
         "observedGeneration": generation,
         "currentPrimary": decision.current_primary,
         "targetPrimary": decision.target_primary,
