@@ -267,14 +267,7 @@ def test_a_spec_the_crd_cannot_refuse_gets_a_condition_and_an_event(kube_server:
     bad["spec"]["instances"] = 40  # beyond 15: refused by the schema on a real API server, not here
     kube_server.create(bad)
     with running_operator(kube_server):
-        cluster = eventually(
-            lambda: (
-                (c := kube_server.read("postgresclusters", NS, "hippo"))
-                and (c.get("status") or {}).get("phase") == "Failed"
-                and c
-            ),
-            what="phase Failed",
-        )
+        cluster = eventually(lambda: cluster_in_phase(kube_server, "Failed"), what="phase Failed")
         ready = next(c for c in cluster["status"]["conditions"] if c["type"] == "Ready")
         assert ready["status"] == "False" and "spec.instances" in ready["message"]
         eventually(
@@ -326,14 +319,7 @@ def test_a_refused_object_write_fails_the_cluster_until_it_passes(kube_server: E
         eventually(lambda: kube_server.read("statefulsets", NS, "hippo"), what="the StatefulSet")
         refusing["on"] = True
         kube_server.merge("postgresclusters", NS, "hippo", {"spec": {"instances": 5}})
-        cluster = eventually(
-            lambda: (
-                (c := kube_server.read("postgresclusters", NS, "hippo"))
-                and (c.get("status") or {}).get("phase") == "Failed"
-                and c
-            ),
-            what="phase Failed",
-        )
+        cluster = eventually(lambda: cluster_in_phase(kube_server, "Failed"), what="phase Failed")
         ready = next(c for c in cluster["status"]["conditions"] if c["type"] == "Ready")
         assert ready["reason"] == "ObjectsFailed" and "etcd is slow" in ready["message"]
         refusing["on"] = False
@@ -418,6 +404,11 @@ def test_what_the_kubelet_reports_of_a_stuck_pod_becomes_a_condition_and_an_even
         }
         kube_server.merge("pods", NS, "hippo-0", {"status": running}, subresource="status")
         eventually(lambda: (c := pods_healthy()) and c["status"] == "True", what="PodsHealthy True")
+
+
+def cluster_in_phase(server: EmulatedApiServer, phase: str) -> dict[str, Any] | None:
+    cluster = server.read("postgresclusters", NS, "hippo")
+    return cluster if cluster and (cluster.get("status") or {}).get("phase") == phase else None
 
 
 def phase_other_than(server: EmulatedApiServer, *phases: str) -> str | None:
