@@ -6,8 +6,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from pgherd.api.crdgen import all_crds, render, write_crds
-
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("crds", help="write the CRDs generated from the API models")
@@ -17,6 +15,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pgherd.api.crdgen import all_crds, render, write_crds
+
     if args.out is None and args.chart is None:
         sys.stdout.write("---\n".join(render(doc) for doc in all_crds().values()))
         return 0

@@ -14,9 +14,10 @@ import logging
 import os
 import socket
 import sys
+from typing import TYPE_CHECKING
 
-from pgherd.kube.handlers import Election, Operator, run
-from pgherd.kube.loop import OperatorConfig
+if TYPE_CHECKING:
+    from pgherd.kube.handlers import Election
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -53,6 +54,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def election_from_env() -> Election:
+    from pgherd.kube.handlers import Election
+
     lease = os.environ.get("PGHERD_LEADER_ELECTION_LEASE") or "pgherd-leader"
     namespace = os.environ.get("POD_NAMESPACE")
     if not namespace:
@@ -66,6 +69,11 @@ def election_from_env() -> Election:
 
 
 def main(args: argparse.Namespace) -> int:
+    # Imported here: every `pgherd` command (the agent of each member, the sandbox's status) would
+    # otherwise load kopf and the Kubernetes client at start-up, most of a second on a busy machine.
+    from pgherd.kube.handlers import Operator, run
+    from pgherd.kube.loop import OperatorConfig
+
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",

@@ -9,9 +9,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pgherd.api.admission import ManifestRefused
 from pgherd.commands.validate import load_documents
-from pgherd.local.sandbox import DEFAULT_DIR, Sandbox, SandboxError
+from pgherd.local.layout import DEFAULT_DIR
+
+# The sandbox's modules (and the engine, pydantic, CEL behind them) are imported by each command, not
+# here: `pgherd` registers every command at start-up, and most runs (the agent of each member, status
+# reads) need none of them.
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -93,6 +96,9 @@ def _fail(message: str) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
+    from pgherd.api.admission import ManifestRefused
+    from pgherd.local.sandbox import Sandbox, SandboxError
+
     try:
         documents = load_documents(args.filename)
         if len(documents) != 1:
@@ -120,6 +126,8 @@ def _print_members(status: dict[str, Any]) -> None:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from pgherd.local.sandbox import Sandbox, SandboxError
+
     try:
         status = Sandbox(args.dir).status()
     except SandboxError as exc:
@@ -148,6 +156,9 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _apply(args: argparse.Namespace) -> int:
+    from pgherd.api.admission import ManifestRefused
+    from pgherd.local.sandbox import Sandbox, SandboxError
+
     sandbox = Sandbox(args.dir)
     try:
         documents = load_documents(args.filename)
@@ -164,6 +175,8 @@ def _apply(args: argparse.Namespace) -> int:
 
 
 def _kill(args: argparse.Namespace) -> int:
+    from pgherd.local.sandbox import Sandbox, SandboxError
+
     try:
         Sandbox(args.dir).kill(args.member, wipe=args.wipe, postgres_only=args.postgres_only)
     except SandboxError as exc:
@@ -174,6 +187,8 @@ def _kill(args: argparse.Namespace) -> int:
 
 
 def _switchover(args: argparse.Namespace) -> int:
+    from pgherd.local.sandbox import Sandbox, SandboxError
+
     try:
         status = Sandbox(args.dir).switchover(args.to, timeout=args.timeout)
     except SandboxError as exc:
@@ -183,6 +198,8 @@ def _switchover(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
+    from pgherd.local.sandbox import Sandbox, SandboxError
+
     try:
         Sandbox(args.dir).down(keep_data=args.keep_data)
     except SandboxError as exc:
@@ -192,6 +209,8 @@ def _down(args: argparse.Namespace) -> int:
 
 
 def _kill_supervisor(args: argparse.Namespace) -> int:
+    from pgherd.local.sandbox import Sandbox, SandboxError
+
     try:
         Sandbox(args.dir).kill_supervisor(args.at_step, args.done, 0 if args.no_wait else args.timeout)
     except SandboxError as exc:
@@ -201,6 +220,8 @@ def _kill_supervisor(args: argparse.Namespace) -> int:
 
 
 def _resume(args: argparse.Namespace) -> int:
+    from pgherd.local.sandbox import Sandbox, SandboxError
+
     try:
         pid = Sandbox(args.dir).resume()
     except SandboxError as exc:

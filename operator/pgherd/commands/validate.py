@@ -9,8 +9,6 @@ from typing import Any
 
 import yaml
 
-from pgherd.api.admission import ManifestRefused, admit
-
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
@@ -34,6 +32,8 @@ def load_documents(path: Path) -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pgherd.api.admission import ManifestRefused, admit
+
     old = None
     if args.old is not None:
         old_docs = load_documents(args.old)

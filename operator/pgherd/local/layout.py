@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+DEFAULT_DIR = Path(".sandbox")  # `pgherd sandbox ... --dir`'s default
+
 
 @dataclass(frozen=True)
 class SandboxPaths:

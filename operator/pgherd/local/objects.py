@@ -12,8 +12,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pgherd.api.admission import admit
 from pgherd.local.layout import SandboxPaths, read_json, write_json
+
+
+def _admit(manifest: dict[str, Any], old: dict[str, Any] | None = None) -> dict[str, Any]:
+    """pgherd.api.admission's admit, imported on first use: reading the stored objects (`pgherd sandbox
+    status`, which scripts poll) needs neither pydantic nor CEL, most of that command's start-up."""
+    from pgherd.api.admission import admit
+
+    return admit(manifest, old=old)
 
 
 def now_iso() -> str:
@@ -38,13 +45,13 @@ class ObjectStore:
             return self._apply_cluster(manifest)
         if kind in ("Backup", "Restore"):
             return self._apply_child(manifest)
-        admit(manifest)  # raises ManifestRefused naming the kind
+        _admit(manifest)  # raises ManifestRefused naming the kind
         raise AssertionError("unreachable")
 
     def _apply_cluster(self, manifest: dict[str, Any]) -> str:
         stored: dict[str, Any] | None = read_json(self.paths.cluster_object)
         old = None if stored is None else {k: v for k, v in stored.items() if k != "status"}
-        admitted = admit(manifest, old=old)
+        admitted = _admit(manifest, old=old)
         name = admitted["metadata"]["name"]
         if stored is not None and stored["metadata"]["name"] != name:
             raise ValueError(
@@ -70,7 +77,7 @@ class ObjectStore:
         path = self._child_path(kind, name) if name else None
         stored: dict[str, Any] | None = read_json(path) if path else None
         old = None if stored is None else {k: v for k, v in stored.items() if k != "status"}
-        admitted = admit(manifest, old=old)
+        admitted = _admit(manifest, old=old)
         cluster = self.cluster()["metadata"]["name"]
         if admitted["spec"]["cluster"]["name"] != cluster:
             raise ValueError(

@@ -17,14 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pgherd.api.admission import admit
 from pgherd.local.layout import SandboxPaths, read_json, write_json
 from pgherd.local.objects import ObjectStore
 from pgherd.local.s3server import S3ServerUnavailable, choose_backend, free_port
 from pgherd.local.state import MemberState, S3Endpoint, SandboxState
 from pgherd_backup.postgres.process import grant_traverse
 
-DEFAULT_DIR = Path(".sandbox")
 EMBEDDED_BUCKET = "pgherd"
 EMBEDDED_SECRET = "pgherd-sandbox-s3"
 # Each member is its own `pgherd instance run` process, driven through its API (as on Kubernetes). The
@@ -119,6 +117,8 @@ class Sandbox:
                 embedded=False,
             )
             store_url = f"s3://{s3_spec.get('bucket')}/{s3_spec.get('path', '')}".rstrip("/")
+        from pgherd.api.admission import admit  # here: `status` and `down` need no pydantic nor CEL
+
         admitted = admit(manifest)
         name = admitted["metadata"]["name"]
         spec = admitted["spec"]
