@@ -388,7 +388,15 @@ def _alive(pid: int) -> bool:
     try:
         done, _ = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
-        return True
+        # Not our child (the supervisor outlives the `up` that started it): once it exited, it stays a
+        # zombie until whoever adopted it reaps it, a second or more in a container. It is gone.
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+        except (OSError, IndexError):
+            return True
     return done == 0
 
 
