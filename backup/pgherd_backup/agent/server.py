@@ -205,6 +205,11 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # requests that matter are logged above, without headers
 
 
+# How often the serving thread looks for stop(): socketserver's default (0.5 s) made every stop of an
+# agent (SIGTERM, a pod's deletion, `sandbox down`) wait up to half a second after PostgreSQL was down.
+SHUTDOWN_POLL = 0.05
+
+
 class AgentServer:
     """The server in a thread; `stop()` closes it."""
 
@@ -217,7 +222,9 @@ class AgentServer:
         return int(self.httpd.server_address[1])
 
     def start(self) -> AgentServer:
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="agent-http", daemon=True)
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, args=(SHUTDOWN_POLL,), name="agent-http", daemon=True
+        )
         self._thread.start()
         return self
 
