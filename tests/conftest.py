@@ -6,7 +6,7 @@ fallback) on 127.0.0.1; `containers` takes S3 from a MinIO container (testcontai
 `auto` (default) uses containers only when a Docker engine answers. PostgreSQL always runs from
 local binaries: the data-plane tests restore, rewind and archive from the data directory itself.
 
-Fixtures for other suites: `pg_bin`, `work_root`, `s3_server`, `s3_store`, `pg_factory`,
+Fixtures for other suites: `pg_bin`, `work_root`, `discard`, `s3_server`, `s3_store`, `pg_factory`,
 `pg_pair`, `agent`.
 """
 
@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -72,6 +74,53 @@ def work_root() -> Iterator[Path]:
     grant_traverse(sys.executable, agent_executable())
     yield root
     shutil.rmtree(root, ignore_errors=True)
+
+
+class Discard:
+    """Deletes directories in a background thread: a test's data directories go while the next test
+    runs, rather than all at the end of the session (seconds of unlinking on this disk)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[Path | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="discard", daemon=True)
+        self._thread.start()
+
+    def __call__(self, path: Path) -> None:
+        self._queue.put(path)
+
+    def _run(self) -> None:
+        while (path := self._queue.get()) is not None:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+
+@pytest.fixture(scope="session")
+def discard(work_root: Path) -> Iterator[Discard]:
+    """discard(path): delete that directory soon, in the background; all done before work_root goes."""
+    deleter = Discard()
+    yield deleter
+    deleter.close()
+
+
+@pytest.fixture(scope="session")
+def initdb_template(pg_bin: PgBinaries, work_root: Path) -> Callable[[], Path]:
+    """template() -> a data directory made by initdb once per session (on first use), which
+    PgInstance.initdb() copies: initdb's fsyncs cost about a second per member on this disk. A copy
+    differs from its own initdb only by the system identifier, which every copy shares: each test
+    archives under its own store path, and no test makes two clusters of its own with initdb."""
+    made: list[Path] = []
+
+    def template() -> Path:
+        if not made:
+            path = work_root / "initdb-template"
+            seed.initdb(path, bins=pg_bin, settings={})
+            made.append(path)
+        return made[0]
+
+    return template
 
 
 @dataclass
@@ -178,12 +227,21 @@ def s3_store(s3_server: S3Endpoint) -> StoreInfo:
 class PgInstance:
     """A PostgreSQL member on 127.0.0.1, driven through pgherd_backup's own API."""
 
-    def __init__(self, name: str, pgdata: Path, port: int, bins: PgBinaries, env: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        name: str,
+        pgdata: Path,
+        port: int,
+        bins: PgBinaries,
+        env: Mapping[str, str],
+        template: Callable[[], Path] | None = None,
+    ) -> None:
         self.name = name
         self.pgdata = pgdata
         self.port = port
         self.bins = bins
         self.env = dict(env)
+        self.template = template
 
     @property
     def dsn(self) -> str:
@@ -196,7 +254,14 @@ class PgInstance:
         )
 
     def initdb(self, archive: bool = False) -> PgInstance:
-        seed.initdb(self.pgdata, bins=self.bins, settings=self.settings(archive))
+        """A new cluster: initdb, or a copy of the session's initdb (initdb_template) with this member's
+        settings, exactly what seed.initdb writes after its initdb."""
+        if self.template is None:
+            seed.initdb(self.pgdata, bins=self.bins, settings=self.settings(archive))
+            return self
+        assert not self.pgdata.exists(), f"{self.pgdata} exists already"
+        subprocess.run(["cp", "-a", str(self.template()), str(self.pgdata)], check=True)
+        config.write_pgherd_conf(self.pgdata, self.settings(archive))
         return self
 
     def start(self) -> PgInstance:
@@ -287,16 +352,20 @@ class PgInstance:
 
 @pytest.fixture
 def pg_factory(
-    pg_bin: PgBinaries, work_root: Path, request: pytest.FixtureRequest
+    pg_bin: PgBinaries,
+    work_root: Path,
+    initdb_template: Callable[[], Path],
+    discard: Discard,
+    request: pytest.FixtureRequest,
 ) -> Iterator[Callable[..., PgInstance]]:
     """make(name, env=None) -> PgInstance (not initialised: call .initdb() or seed it); all are
-    stopped at the end of the test."""
+    stopped at the end of the test, and their directories deleted in the background."""
     created: list[PgInstance] = []
     test_dir = work_root / f"{request.node.name[:40]}-{uuid.uuid4().hex[:6]}"
     test_dir.mkdir(mode=0o755)
 
     def make(name: str, env: Mapping[str, str] | None = None) -> PgInstance:
-        instance = PgInstance(name, test_dir / name, free_port(), pg_bin, env or {})
+        instance = PgInstance(name, test_dir / name, free_port(), pg_bin, env or {}, initdb_template)
         created.append(instance)
         return instance
 
@@ -306,6 +375,7 @@ def pg_factory(
             postmaster.stop(instance.pgdata, bins=instance.bins, mode="immediate")
         with contextlib.suppress(Exception):
             instance.kill()
+    discard(test_dir)
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -38,10 +38,17 @@ class Agents:
     """make(name, *flags) -> a started Agent whose volume is this test's (or module's) own;
     primary(name, *flags) -> a started primary copied from the template."""
 
-    def __init__(self, root: Path, certs: Certs, template: Path | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        certs: Certs,
+        template: Path | None = None,
+        discard: Callable[[Path], None] | None = None,
+    ) -> None:
         self.root = root
         self.certs = certs
         self.template = template
+        self.discard = discard
         self.made: list[Agent] = []
 
     def primary(self, name: str, *flags: str, env: dict[str, str] | None = None) -> Agent:
@@ -69,13 +76,23 @@ class Agents:
             thread.start()
         for thread in stopping:
             thread.join()
-        shutil.rmtree(self.root, ignore_errors=True)  # a shared machine: give the disk space back now
+        # A shared machine: give the disk space back now (in the background while the next test runs).
+        if self.discard is not None:
+            self.discard(self.root)
+        else:
+            shutil.rmtree(self.root, ignore_errors=True)
 
 
-def _agents(work_root: Path, certs: Certs, label: str, template: Path | None = None) -> Iterator[Agents]:
+def _agents(
+    work_root: Path,
+    certs: Certs,
+    label: str,
+    template: Path | None = None,
+    discard: Callable[[Path], None] | None = None,
+) -> Iterator[Agents]:
     root = work_root / f"agents-{label[:40]}-{uuid.uuid4().hex[:6]}"
     root.mkdir(mode=0o755)
-    agents = Agents(root, certs, template)
+    agents = Agents(root, certs, template, discard)
     try:
         yield agents
     finally:
@@ -83,12 +100,22 @@ def _agents(work_root: Path, certs: Certs, label: str, template: Path | None = N
 
 
 @pytest.fixture
-def agents(work_root: Path, certs: Certs, template: Path, request: pytest.FixtureRequest) -> Iterator[Agents]:
-    yield from _agents(work_root, certs, request.node.name, template)
+def agents(
+    work_root: Path,
+    certs: Certs,
+    template: Path,
+    discard: Callable[[Path], None],
+    request: pytest.FixtureRequest,
+) -> Iterator[Agents]:
+    yield from _agents(work_root, certs, request.node.name, template, discard)
 
 
 @pytest.fixture(scope="module")
 def module_agents(
-    work_root: Path, certs: Certs, template: Path, request: pytest.FixtureRequest
+    work_root: Path,
+    certs: Certs,
+    template: Path,
+    discard: Callable[[Path], None],
+    request: pytest.FixtureRequest,
 ) -> Iterator[Agents]:
-    yield from _agents(work_root, certs, request.module.__name__, template)
+    yield from _agents(work_root, certs, request.module.__name__, template, discard)

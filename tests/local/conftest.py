@@ -40,9 +40,14 @@ def sandbox_certs(work_root: Path) -> Path:
 
 @pytest.fixture
 def local_cluster(
-    work_root: Path, s3_store: Any, sandbox_certs: Path, request: pytest.FixtureRequest
+    work_root: Path,
+    s3_store: Any,
+    sandbox_certs: Path,
+    discard: Callable[[Path], None],
+    request: pytest.FixtureRequest,
 ) -> Iterator[Callable[..., LocalCluster]]:
-    """make(instances, parameters=None) -> a LocalCluster whose members run and stream."""
+    """make(instances, parameters=None) -> a LocalCluster whose members run and stream; at the end, its
+    members are killed and its directory deleted in the background."""
     made: list[LocalCluster] = []
     assert s3_store.cluster == CLUSTER
 
@@ -91,3 +96,4 @@ def local_cluster(
     yield make
     for cluster in made:
         cluster.shut_down()
+        discard(cluster.paths.root)
