@@ -170,18 +170,20 @@ class Installed:
         return result
 
 
-@pytest.fixture(scope="session")
-def packaging_root() -> Iterator[Path]:
+@pytest.fixture(scope="module")
+def packaging_root(discard: Callable[[Path], None]) -> Iterator[Path]:
     """Under /tmp and traversable (0755): the sandbox's PostgreSQL runs as the `postgres` account and
-    runs the virtualenv's pgherd-backup, so neither may sit in pytest's private tmp_path."""
+    runs the virtualenv's pgherd-backup, so neither may sit in pytest's private tmp_path. The module's
+    own (its fixtures serve no other module): its virtualenvs are deleted in the background as soon as
+    the module is done, while the next tests run."""
     root = Path(tempfile.mkdtemp(prefix="pgherd-packaging-", dir=os.environ.get("PGHERD_TEST_TMP", "/tmp")))
     os.chmod(root, 0o755)
     grant_traverse(root)
     yield root
-    shutil.rmtree(root, ignore_errors=True)
+    discard(root)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def image() -> ImageInstall:
     return image_install()
 
@@ -194,11 +196,11 @@ def _wanted_installs(session: pytest.Session, image: ImageInstall) -> list[str |
     return wanted + [extra for extra in USER_EXTRAS if "install" in fixtures and extra not in wanted]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def install(
     packaging_root: Path, image: ImageInstall, request: pytest.FixtureRequest
 ) -> Iterator[Callable[[str | None], Installed]]:
-    """install(extras) -> a virtualenv made by the Dockerfile's install, once per session and extras.
+    """install(extras) -> a virtualenv made by the Dockerfile's install, once per module and extras.
 
     Every virtualenv the selected tests need is installed at once, each in its own thread from its own
     copy of the sources (pip builds the wheel inside the source tree): one pip mostly waits on one core,
@@ -234,7 +236,7 @@ def install(
         yield make
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def plain(install: Callable[[str | None], Installed], image: ImageInstall) -> Installed:
     """What the image has: the Dockerfile's own extras (none)."""
     return install(image.extras)
