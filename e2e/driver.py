@@ -89,8 +89,13 @@ class Driver(Protocol):
         `what` and showing the last status (and the last error reading it) after `timeout` seconds."""
         ...
 
-    def kill(self, member: str, wipe: bool = False) -> None:
-        """Kill -9 that member (its pod); with wipe, its data (the PVC) goes too. The platform restarts it."""
+    def kill(self, member: str, wipe: bool = False, keep_down: bool = False) -> None:
+        """Kill -9 that member (its pod); with wipe, its data (the PVC) goes too. The platform restarts it;
+        with keep_down, not until bring_back(member) (its pod cannot be scheduled: its node is gone)."""
+        ...
+
+    def bring_back(self, member: str) -> None:
+        """A member kept down by kill(keep_down=True) may start again (its node is back)."""
         ...
 
     def switchover(self, to: str | None = None) -> None:

@@ -149,11 +149,20 @@ class LocalDriver(PollingDriver):
                 self._member_dsns[m["name"]] = str(m["dsn"])
         return status
 
-    def kill(self, member: str, wipe: bool = False, postgres_only: bool = False) -> None:
+    def kill(
+        self, member: str, wipe: bool = False, keep_down: bool = False, postgres_only: bool = False
+    ) -> None:
         """A lost pod (the member's agent and PostgreSQL together); ``postgres_only``: a crashed
-        PostgreSQL under a live agent."""
-        flags = [*(["--wipe"] if wipe else []), *(["--postgres-only"] if postgres_only else [])]
+        PostgreSQL under a live agent; ``keep_down``: not started again until bring_back()."""
+        flags = [
+            *(["--wipe"] if wipe else []),
+            *(["--postgres-only"] if postgres_only else []),
+            *(["--keep-down"] if keep_down else []),
+        ]
         self._sandbox("kill", member, *flags)
+
+    def bring_back(self, member: str) -> None:
+        self._sandbox("start", member)
 
     def switchover(self, to: str | None = None) -> None:
         # The sandbox's command returns once the switchover is done (or failed: DriverError).

@@ -23,7 +23,9 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import PurePath
+from typing import Any
 
+from pgherd.api.backup import unrestorable
 from pgherd.engine.quorum import SyncConfig
 from pgherd.engine.view import JobKind, JobState, JobView, MemberView, Role
 from pgherd_backup.agent.client import AgentClient, AgentError
@@ -89,9 +91,8 @@ def member_view(
     ``filling``: a platform job is filling its data directory (a restore): neither stopped nor lost.
     """
     if status is None:
-        return MemberView(
-            name=name, ordinal=ordinal, exists=True, reachable=False, stopped=process_gone and not filling
-        )
+        gone = process_gone and not filling
+        return MemberView(name=name, ordinal=ordinal, exists=True, reachable=False, stopped=gone, absent=gone)
     live = status.role in (Role.PRIMARY.value, Role.REPLICA.value)
     stopped = (
         not live
@@ -129,6 +130,8 @@ def member_view(
         held_lsn=lsn_value(status.held_lsn),
         kept_aside=len(status.kept_aside),
         terminating=status.terminating,
+        # A fence remembered for a member whose pod is gone stands in for its agent: nothing runs.
+        absent=process_gone and not filling,
     )
 
 
@@ -161,18 +164,24 @@ def restore_job_view(name: str, member: str, status: Status | None, last_stage: 
 
 
 def restore_snapshot(
-    backup: str | None, snapshot_id: str | None, backup_id_of: Callable[[str], str | None]
+    backup: str | None,
+    snapshot_id: str | None,
+    backup_status_of: Callable[[str], Mapping[str, Any] | None],
 ) -> str:
     """The snapshot a restore order names: its snapshot id, a Backup's backupId, or ``latest`` (no Backup,
-    or the Backup ``latest``). ValueError for a Backup without a completed snapshot."""
+    or the Backup ``latest``: the store's newest complete snapshot, which retention never deletes).
+    ``backup_status_of(name)``: that Backup's status as stored, None when there is none. ValueError for
+    a Backup without a completed snapshot, or Expired (its snapshot deleted by retention)."""
     if snapshot_id:
         return snapshot_id
     if backup in (None, "latest"):
         return "latest"
-    backup_id = backup_id_of(backup)
-    if not backup_id:
-        raise ValueError(f"Backup {backup!r} has no completed snapshot to restore")
-    return backup_id
+    status = backup_status_of(backup)
+    refused = unrestorable(backup, status)
+    if refused is not None:
+        raise ValueError(refused)
+    assert status is not None
+    return str(status["backupId"])
 
 
 # How the agents name a data directory they keep aside (`<volume>/kept/<stamp>`, UTC).

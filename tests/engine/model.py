@@ -21,7 +21,11 @@ The model is no kinder than a real platform:
   shutdown whose final WAL end the platform cannot read exactly;
 - a replica's "streaming" sample can be wrong for one observation (``flap``);
 - the operator can be cut off from any or all members while they still see each other (``partitioned``);
-- a volume can be lost (``wipe``): the only evidence that allows an automatic restore;
+- a volume can be lost (``wipe``): the only evidence that allows an automatic restore; the fence kept
+  on it goes with it, and the member's new pod starts empty and waits for the operator to seed it;
+- a crashed member's pod is gone (``pod_up`` False) until the platform restarts it: no agent answers
+  for it, so nothing can be fenced, rejoined or restored there; a fence reaches a member only through
+  its running agent (and stays on its volume across restarts);
 - decisions can be taken on a stale view and their actions applied late (see the state machine).
 """
 
@@ -59,6 +63,7 @@ class Node:
     wal: list[int] = field(default_factory=list)
     upstream: str | None = None
     running: bool = True
+    pod_up: bool = True  # its agent runs (the platform reaches it unless isolated); False: pod lost
     partitioned: bool = False  # operator cannot reach it; replication unaffected
     isolated: bool = False  # nothing reaches it, not even the platform
     fenced: bool = False  # the platform's flag: a Fence was asked and not undone
@@ -180,13 +185,14 @@ class ModelCluster:
                     upstream=node.upstream if seen and node.role is Role.REPLICA else None,
                     ready=seen and (node.role is Role.PRIMARY or self.streaming(node)),
                     revision=node.revision,
-                    fenced=node.fenced,
+                    fenced=node.fenced and node.pod_up,  # the agent's own report, or the last one
                     sync=node.sync if seen else None,
                     stopped=stopped,
                     shutdown_clean=clean,
                     data_present=not node.data_lost,
                     kept_aside=node.kept_aside,
                     terminating=seen and node.terminating,
+                    absent=not node.pod_up and not node.isolated,
                 )
             )
         for name in sorted(self.dropped_volumes - set(self.nodes)):
@@ -301,7 +307,7 @@ class ModelCluster:
 
     def _do_RestartMember(self, a: A.RestartMember) -> None:
         node = self._node(a.member)
-        if node is None or node.revision == a.revision or node.fenced:
+        if node is None or node.revision == a.revision or node.fenced or not node.pod_up:
             return
         self._stop(node)
         node.restarting_to = a.revision
@@ -319,7 +325,7 @@ class ModelCluster:
         that hangs (``stop_hangs``) is killed when the fast shutdown times out: nothing handed over."""
         if node.running and not node.isolated and node.stop_hangs:
             node.stop_hangs = False
-            self.crash(node)
+            self.crash(node, pod_lost=False)  # the agent kills its PostgreSQL
         elif node.running and not node.isolated:
             if node.role is Role.PRIMARY:
                 for other in self.nodes.values():
@@ -335,33 +341,35 @@ class ModelCluster:
         if node.role is Role.PRIMARY and not as_primary:
             node.role = Role.REPLICA
             node.upstream = None
+        node.pod_up = True
         node.running = True
         node.unsettled = node.role is Role.REPLICA
         node.receive_start = len(node.wal) // 2 if node.unsettled else None
 
-    def crash(self, node: Node) -> None:
+    def crash(self, node: Node, pod_lost: bool = True) -> None:
+        """PostgreSQL dies; with ``pod_lost`` its agent too (a lost pod, until ``restart``)."""
         if node.running:
             node.running = False
             node.shutdown_clean = False
+        if pod_lost and not node.isolated:
+            node.pod_up = False
 
     def restart(self, node: Node) -> None:
-        """The platform's own restart of a dead member (a kubelet restarting a container): read-only;
-        an empty volume is seeded from a primary the platform can reach."""
-        if node.fenced or node.restarting_to is not None or node.running or node.isolated:
+        """The platform's own restart of a dead member (a kubelet restarting a container): its agent
+        starts PostgreSQL read-only, but keeps a fenced member stopped and an empty volume empty (seeded
+        only when the operator says so)."""
+        if node.restarting_to is not None or node.running or node.isolated:
             return
-        if node.data_lost:
-            primary = next((n for n in self.writable_nodes() if not n.isolated and n.name == self.rw), None)
-            if primary is None:
-                return
-            node.data_lost = False
-            node.wal = list(primary.wal)
-            node.role, node.upstream, node.timeline = Role.REPLICA, primary.name, primary.timeline
+        node.pod_up = True
+        if node.fenced or node.data_lost:
+            return
         self._boot(node)
 
     def wipe(self, node: Node) -> None:
         """The member's volume is lost."""
         self.crash(node)
         node.running = False
+        node.fenced = node.fence_pending = False  # the fence was kept on the lost volume
         node.data_lost = True
         node.wal = []
         node.role = Role.REPLICA
@@ -386,6 +394,10 @@ class ModelCluster:
         node = self._node(a.member)
         if node is None:
             return
+        if not node.pod_up:
+            if self.rw == node.name:
+                self.rw = None
+            return  # no agent to take it
         node.fenced = True
         node.restarting_to = None
         if self.rw == node.name:
@@ -398,7 +410,7 @@ class ModelCluster:
 
     def _do_Unfence(self, a: A.Unfence) -> None:
         node = self._node(a.member)
-        if node is None or not node.fenced:
+        if node is None or not node.fenced or not node.pod_up:
             return
         node.fenced = False
         node.fence_pending = False
@@ -408,6 +420,8 @@ class ModelCluster:
     def _do_Demote(self, a: A.Demote) -> None:
         node = self._node(a.member)
         if node is None or not node.fenced or node.restarting_to is not None or node.running:
+            return
+        if not node.pod_up:
             return
         if node.isolated or node.data_lost:
             return
@@ -446,7 +460,7 @@ class ModelCluster:
             return
         if node.role is Role.PRIMARY and node.writable and node.name == self.rw:
             return
-        if node.isolated or node.restarting_to is not None:
+        if node.isolated or not node.pod_up or node.restarting_to is not None:
             return  # the platform cannot reach it, or it is busy restarting
         if node.data_lost or a.reclone:
             if not up.writable or up.isolated:
@@ -485,6 +499,8 @@ class ModelCluster:
         if key in self.jobs:
             return
         node = self._node(a.member)
+        if node is not None and (node.isolated or not node.pod_up or not (node.fenced or node.data_lost)):
+            return  # its agent restores only when it answers, under a fence (an empty volume: fenced first)
         if node is not None:
             node.running = False  # its data directory is moved aside while the snapshot is fetched
         self.jobs[key] = JobView(JobKind.RESTORE, a.restore, JobState.RUNNING, member=a.member)

@@ -186,6 +186,40 @@ def test_backup_prefers_a_streaming_standby_and_prunes_after_success() -> None:
     assert [type(a) for a in d.actions] == [A.UpdateBackup, A.Prune]
 
 
+def test_a_snapshot_job_whose_pod_does_not_start_fails_its_backup_after_the_start_timeout() -> None:
+    """backup.jobStartTimeoutSeconds (default 300): a Job whose pod has waited that long to start fails
+    its Backup with the platform's reason; a shorter wait, or a pod that started, changes nothing."""
+    spec, view, status = settled(make_spec(backup=STORE))
+    assert spec.backup is not None and spec.backup.job_start_timeout_seconds == 300
+    reason = 'pod b1-snapshot-x: CreateContainerConfigError: secret "s3" not found'
+
+    def waiting(seconds: float, why: str = reason) -> ClusterView:
+        job = JobView(
+            JobKind.SNAPSHOT,
+            "b1",
+            JobState.RUNNING,
+            member="pg-2",
+            waiting_since=NOW - timedelta(seconds=seconds),
+            waiting_reason=why,
+        )
+        return replace(view, backups=(BackupView("b1", phase="Running", source_member="pg-2"),), jobs=(job,))
+
+    assert decide(spec, waiting(299), status).actions == ()
+    [failed] = decide(spec, waiting(300), status).actions
+    assert failed == A.UpdateBackup(
+        "b1",
+        "Failed",
+        error=f"the snapshot Job's pod did not start within 300 s (backup.jobStartTimeoutSeconds): {reason}",
+    )
+    # Merely slow (an image still being pulled): the same once the timeout has passed.
+    [slow] = decide(spec, waiting(301, "pod b1-snapshot-x: ContainerCreating"), status).actions
+    assert isinstance(slow, A.UpdateBackup) and slow.error and slow.error.endswith("ContainerCreating")
+    shorter = make_spec(backup={**STORE, "jobStartTimeoutSeconds": 30})
+    assert [type(a) for a in decide(shorter, waiting(30), status).actions] == [A.UpdateBackup]
+    started = replace(waiting(3600), jobs=(JobView(JobKind.SNAPSHOT, "b1", JobState.RUNNING, member="pg-2"),))
+    assert decide(spec, started, status).actions == ()
+
+
 def test_backup_target_primary() -> None:
     spec, view, status = settled(make_spec(backup=STORE))
     view = replace(view, backups=(BackupView("b1", target="primary"),))

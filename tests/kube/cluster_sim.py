@@ -17,7 +17,9 @@ are then only marked on delete and go when this kubelet confirms, as with a real
 What it does
 ------------
 * Scheduling: a pod without ``spec.nodeName`` is bound at once to the node ``emulated`` (a Node
-  object of that name is created, Ready).
+  object of that name is created, Ready), unless that Node is cordoned (``spec.unschedulable``, as
+  ``kubectl cordon`` sets it): the pod then stays Pending, with the condition PodScheduled False,
+  reason Unschedulable and the scheduler's message, until the node is uncordoned.
 * kubelet, for each pod on the node:
 
   - one loopback address per pod as ``status.podIP`` (127.0.0.2, 127.0.0.3, ... from ``first_ip``),
@@ -133,6 +135,11 @@ HOST_IP = "127.0.0.1"
 TERMINATION_LOG = "/dev/termination-log"
 MAX_MESSAGE = 4096
 VANISHED_GRACE = 2.0
+# The scheduler's message for a pod when the only node is cordoned (Kubernetes 1.30).
+UNSCHEDULABLE_MESSAGE = (
+    "0/1 nodes are available: 1 node(s) were unschedulable. preemption: 0/1 nodes are available:"
+    " 1 Preemption is not helpful for scheduling."
+)
 TICK = 0.1
 
 LABEL_POD_NAME = "statefulset.kubernetes.io/pod-name"
@@ -1153,10 +1160,16 @@ class ClusterSim:
 
     async def sync_pods(self, pods: list[dict[str, Any]]) -> None:
         seen = set()
+        cordoned: bool | None = None  # read once per pass, only when a pod waits to be scheduled
         for pod in pods:
             meta, spec = pod["metadata"], pod["spec"]
             if not spec.get("nodeName"):
                 if not meta.get("deletionTimestamp"):
+                    if cordoned is None:
+                        cordoned = await self._cordoned()
+                    if cordoned:
+                        await self._unschedulable(pod)
+                        continue
                     path = _ns_path("v1", "pods", meta["namespace"], meta["name"])
                     await self.api.quiet("PATCH", path, {"spec": {"nodeName": self.node_name}})
                 continue
@@ -1179,6 +1192,29 @@ class ClusterSim:
         for uid, worker in list(self.workers.items()):
             if uid not in seen:
                 worker.vanish()
+
+    async def _cordoned(self) -> bool:
+        try:
+            node = await self.api.get(f"/api/v1/nodes/{self.node_name}") or {}
+        except ApiStatus:  # not allowed to read it (as when registering it): never cordoned
+            return False
+        return bool((node.get("spec") or {}).get("unschedulable"))
+
+    async def _unschedulable(self, pod: dict[str, Any]) -> None:
+        """What the scheduler reports of a pod no node takes (the only node cordoned)."""
+        if _condition(pod, "PodScheduled") is not None:
+            return
+        meta = pod["metadata"]
+        condition = {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": UNSCHEDULABLE_MESSAGE,
+            "lastProbeTime": None,
+            "lastTransitionTime": _now(),
+        }
+        path = _ns_path("v1", "pods", meta["namespace"], meta["name"], "status")
+        await self.api.quiet("PATCH", path, {"status": {"phase": "Pending", "conditions": [condition]}})
 
     async def _run_worker(self, worker: PodWorker) -> None:
         try:

@@ -1,7 +1,7 @@
 """The emulated node (tests/kube/cluster_sim.py) against the emulated API server: StatefulSet pods
 that really run, get loopback IPs, become Ready through their probes, keep their PVC directories,
 are SIGTERMed on deletion; Jobs that succeed (termination message) and exhaust their backoffLimit;
-Secrets and ConfigMaps as env and files."""
+Secrets and ConfigMaps as env and files; a cordoned node's unschedulable pods."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from .cluster_sim import ClusterSim
+from .cluster_sim import NODE_NAME, UNSCHEDULABLE_MESSAGE, ClusterSim
 from .conftest import TOKEN
 from .emulator import EmulatedApiServer
 from .waiting import eventually
@@ -320,6 +320,36 @@ def test_jobs_succeed_with_a_message_and_fail_after_backoff_limit(
     kube_server.remove("jobs", "default", "bad")
     wait_for(
         "bad's pods gone", lambda: not kube_server.items("pods", "default", label_selector="job-name=bad")
+    )
+
+
+def test_a_cordoned_node_leaves_new_pods_unschedulable_until_uncordoned(
+    kube_server: EmulatedApiServer, sim: ClusterSim
+) -> None:
+    """As `kubectl cordon`: a new pod stays Pending, PodScheduled False with the scheduler's reason and
+    message, bound to no node; once uncordoned it is scheduled and runs."""
+    kube_server.merge("nodes", None, NODE_NAME, {"spec": {"unschedulable": True}})
+    kube_server.create(job("later", "import sys; open(sys.argv[1], 'w').write('{}')"))
+
+    def unschedulable() -> dict[str, Any] | None:
+        for pod in kube_server.items("pods", "default", label_selector="job-name=later"):
+            scheduled = next(
+                (c for c in pod.get("status", {}).get("conditions") or () if c["type"] == "PodScheduled"),
+                None,
+            )
+            if scheduled is not None and scheduled["status"] == "False":
+                return pod
+        return None
+
+    pod = wait_for("the pod Unschedulable", unschedulable)
+    condition = pod["status"]["conditions"][0]
+    assert condition["reason"] == "Unschedulable" and condition["message"] == UNSCHEDULABLE_MESSAGE
+    assert pod["status"]["phase"] == "Pending" and not pod["spec"].get("nodeName")
+    assert "containerStatuses" not in pod["status"]
+    kube_server.merge("nodes", None, NODE_NAME, {"spec": {"unschedulable": None}})
+    wait_for(
+        "the Job Complete once uncordoned",
+        lambda: (kube_server.read("jobs", "default", "later") or {}).get("status", {}).get("succeeded"),
     )
 
 

@@ -5,6 +5,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from pgherd.api.cluster import PostgresClusterSpec
+from pgherd.engine import backups
+from pgherd.engine.actions import UpdateBackup
+from pgherd.engine.context import Context
+from pgherd.engine.status import EngineStatus
 from pgherd.engine.view import JobKind, JobState, Role
 from pgherd.kube import names
 from pgherd.kube.observe import ClusterObjects, cluster_view, job_state, members, process_gone, rw_member
@@ -198,3 +203,157 @@ def test_backups_and_restores_of_this_cluster_only() -> None:
     assert [b.name for b in view.backups] == ["b1"] and view.backups[0].phase == "Pending"
     assert view.restores[0].target_lsn == "0/3000000" and view.restores[0].phase == "Fencing"
     assert view.generation == 3
+
+
+# -- a snapshot Job whose pod cannot start ---------------------------------------------------------
+
+
+def snapshot_job(
+    status: dict[str, Any] | None = None, created: str = "2026-11-23T11:50:00Z"
+) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "b1-snapshot",
+            "creationTimestamp": created,
+            "labels": {
+                names.LABEL_BACKUP: "b1",
+                names.LABEL_COMPONENT: names.COMPONENT_SNAPSHOT,
+                names.LABEL_MEMBER: "db-1",
+            },
+        },
+        "status": status if status is not None else {"active": 1},
+    }
+
+
+def snapshot_pod(
+    name: str = "b1-snapshot-x1",
+    *,
+    created: str = "2026-11-23T11:55:00Z",
+    phase: str = "Pending",
+    state: dict[str, Any] | None = None,
+    conditions: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": phase}
+    if state is not None:
+        status["containerStatuses"] = [{"name": "snapshot", "state": state}]
+    if conditions is not None:
+        status["conditions"] = conditions
+    return {
+        "metadata": {"name": name, "creationTimestamp": created, "labels": {"job-name": "b1-snapshot"}},
+        "status": status,
+    }
+
+
+MISSING_SECRET = {
+    "waiting": {"reason": "CreateContainerConfigError", "message": 'secret "backup-store" not found'}
+}
+UNSCHEDULABLE = [
+    {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": "0/3 nodes are available: 3 Insufficient memory.",
+    }
+]
+
+
+def observed_job(job: dict[str, Any], *pods: dict[str, Any]) -> Any:
+    objects = ClusterObjects(cluster(), jobs=[job], job_pods=list(pods), statefulset=sts(0))
+    [seen] = cluster_view(objects, {}, NOW, switchover_to=None).jobs
+    return seen
+
+
+def test_a_snapshot_pod_that_has_not_started_is_reported_waiting_with_the_kubelets_reason() -> None:
+    seen = observed_job(snapshot_job(), snapshot_pod(state=MISSING_SECRET))
+    assert seen.state is JobState.RUNNING
+    assert seen.waiting_since == datetime(2026, 11, 23, 11, 55, tzinfo=UTC)
+    assert seen.waiting_reason == (
+        'pod b1-snapshot-x1: CreateContainerConfigError: secret "backup-store" not found'
+    )
+
+
+def test_an_unscheduled_snapshot_pod_is_reported_waiting_with_the_schedulers_reason() -> None:
+    seen = observed_job(snapshot_job(), snapshot_pod(conditions=UNSCHEDULABLE))
+    assert seen.waiting_since == datetime(2026, 11, 23, 11, 55, tzinfo=UTC)
+    assert seen.waiting_reason == (
+        "pod b1-snapshot-x1: Unschedulable: 0/3 nodes are available: 3 Insufficient memory."
+    )
+
+
+def test_a_snapshot_pod_still_being_created_is_waiting_for_no_problem_yet() -> None:
+    creating = {"waiting": {"reason": "ContainerCreating"}}
+    seen = observed_job(snapshot_job(), snapshot_pod(state=creating))
+    assert seen.waiting_since == datetime(2026, 11, 23, 11, 55, tzinfo=UTC)
+    assert seen.waiting_reason == "pod b1-snapshot-x1: ContainerCreating"
+    fresh = observed_job(snapshot_job(), snapshot_pod())  # Pending, nothing reported yet
+    assert fresh.waiting_since is not None and fresh.waiting_reason == "pod b1-snapshot-x1: Pending"
+
+
+def test_a_snapshot_pod_that_started_is_not_waiting() -> None:
+    running = {"running": {"startedAt": "2026-11-23T11:55:05Z"}}
+    assert observed_job(snapshot_job(), snapshot_pod(phase="Running", state=running)).waiting_since is None
+    # A retry after a pod that ran and failed: the new pod's own wait counts, from its creation.
+    failed = snapshot_pod(
+        "b1-snapshot-x1", phase="Failed", state={"terminated": {"exitCode": 1, "reason": "Error"}}
+    )
+    retry = snapshot_pod("b1-snapshot-x2", created="2026-11-23T11:58:00Z", state=MISSING_SECRET)
+    seen = observed_job(snapshot_job({"active": 1, "failed": 1}), failed, retry)
+    assert seen.waiting_since == datetime(2026, 11, 23, 11, 58, tzinfo=UTC)
+    assert "b1-snapshot-x2" in seen.waiting_reason
+    # Between two attempts (no active pod, one failed): not waiting to start.
+    assert observed_job(snapshot_job({"failed": 1}), failed).waiting_since is None
+    # A finished Job is never waiting.
+    done = snapshot_job({"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]})
+    assert observed_job(done, snapshot_pod(state=MISSING_SECRET)).waiting_since is None
+
+
+def test_a_snapshot_job_without_any_pod_waits_from_its_own_creation() -> None:
+    """The Job controller could not create a pod (a quota, a Pod Security refusal): the Job itself
+    waits. A Job whose status counts a pod that the watch has not shown yet is not judged."""
+    seen = observed_job(snapshot_job({}))
+    assert seen.waiting_since == datetime(2026, 11, 23, 11, 50, tzinfo=UTC)
+    assert "no pod" in seen.waiting_reason and "b1-snapshot" in seen.waiting_reason
+    assert observed_job(snapshot_job({"active": 1})).waiting_since is None
+
+
+def test_a_snapshot_job_whose_pod_cannot_start_fails_its_backup_after_the_timeout() -> None:
+    """The decision, from fabricated Job and pod objects: the adapter reports the wait, the engine fails
+    the Backup once it lasted backup.jobStartTimeoutSeconds, with the kubelet's reason in the error."""
+    spec = PostgresClusterSpec.model_validate(
+        {
+            "backup": {
+                "store": {"s3": {"bucket": "bkt", "credentials": {"secretName": "backup-store"}}},
+                "jobStartTimeoutSeconds": 120,
+            }
+        }
+    )
+    backup = {
+        "metadata": {"name": "b1", "creationTimestamp": "2026-11-23T11:49:00Z"},
+        "spec": {"cluster": {"name": "db"}},
+        "status": {"phase": "Running", "sourceMember": "db-1"},
+    }
+
+    def decided(pod: dict[str, Any]) -> tuple[Any, ...]:
+        objects = ClusterObjects(
+            cluster(), jobs=[snapshot_job()], job_pods=[pod], backups=[backup], statefulset=sts(0)
+        )
+        view = cluster_view(objects, {}, NOW, switchover_to=None)
+        return backups.plan(Context(spec, view, EngineStatus(), "r"), EngineStatus()).actions
+
+    # Created 1 min 59 s before NOW: still within the timeout, nothing is decided.
+    assert decided(snapshot_pod(created="2026-11-23T11:58:01Z", state=MISSING_SECRET)) == ()
+    assert decided(snapshot_pod(created="2026-11-23T11:58:01Z", conditions=UNSCHEDULABLE)) == ()
+    # Two minutes: the Backup fails with the kubelet's reason and message.
+    [failed] = decided(snapshot_pod(created="2026-11-23T11:58:00Z", state=MISSING_SECRET))
+    assert isinstance(failed, UpdateBackup) and failed.phase == "Failed" and failed.name == "b1"
+    assert failed.error is not None
+    assert 'CreateContainerConfigError: secret "backup-store" not found' in failed.error
+    assert "120 s" in failed.error and "b1-snapshot-x1" in failed.error
+    [unscheduled] = decided(snapshot_pod(created="2026-11-23T11:50:00Z", conditions=UNSCHEDULABLE))
+    assert isinstance(unscheduled, UpdateBackup) and unscheduled.error is not None
+    assert "Unschedulable: 0/3 nodes are available" in unscheduled.error
+    # A pod that started, however long ago it was created, is never failed for it.
+    running = snapshot_pod(
+        created="2026-11-23T11:00:00Z", phase="Running", state={"running": {"startedAt": "x"}}
+    )
+    assert decided(running) == ()

@@ -4,7 +4,9 @@ processes on its own 127.x pod IP) and a real S3 server on 127.0.0.1.
 
 One cluster is shared by the whole module, the tests in order (each leaves it Running): it becomes
 Running with a primary; the switchover annotation; a Backup Completed, then one Failed (its store
-refuses); a Restore in place; a rollout (a restart parameter); scale 3 -> 5 -> 3 (spec.instances up,
+refuses); Backups whose snapshot pod cannot start (the S3 Secret missing; the node cordoned) Failed
+after backup.jobStartTimeoutSeconds, and one whose pod waits but starts in time Completed; a Restore
+in place; a rollout (a restart parameter); scale 3 -> 5 -> 3 (spec.instances up,
 the scale subresource down); the primary's pod deleted (switched over before its PostgreSQL stops).
 The operator runs with `--member-address ip` semantics: there is no DNS here.
 """
@@ -22,6 +24,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -32,7 +35,7 @@ from pgherd.kube import names
 from pgherd.kube.loop import OperatorConfig
 
 from . import waiting
-from .cluster_sim import ClusterSim
+from .cluster_sim import NODE_NAME, ClusterSim
 from .conftest import TOKEN, USER
 from .emulator import CRDS_DIR, EmulatedApiServer, calls_not_allowed, pgherd_validator
 from .test_operator import chart_rules, running_operator
@@ -361,6 +364,108 @@ def test_a_backup_whose_store_refuses_fails_with_a_condition_and_an_event(bed: B
     bed.wait_settled()  # the operator goes on
 
 
+def start_timeout(bed: Bed, seconds: int | None) -> None:
+    """spec.backup.jobStartTimeoutSeconds (None: back to the default)."""
+    bed.server.merge("postgresclusters", NS, NAME, {"spec": {"backup": {"jobStartTimeoutSeconds": seconds}}})
+
+
+def snapshot_pods(bed: Bed, backup: str) -> list[dict[str, Any]]:
+    return bed.server.items("pods", NS, label_selector=f"job-name={names.snapshot_job(backup)}")
+
+
+def fails_in_bounded_time(bed: Bed, backup: str, timeout: int) -> dict[str, Any]:
+    """Create the Backup; it must be Failed once its Job's pod has waited ``timeout`` seconds (plus the
+    operator's ticks), long before the Job's own deadline; its Job and pod are deleted."""
+    started = time.monotonic()
+    bed.server.create(backup_manifest(backup))
+    status = eventually(lambda: backup_phase(bed, backup, "Failed"), 120, f"the Backup {backup} Failed")
+    elapsed = time.monotonic() - started
+    # The pod's creationTimestamp has whole seconds: the wait may look up to a second longer.
+    assert timeout - 1 <= elapsed < timeout + 30, elapsed
+    assert status["error"].startswith(f"the snapshot Job's pod did not start within {timeout} s")
+    assert status.get("completedAt")
+    eventually(
+        lambda: (
+            bed.server.read("jobs", NS, names.snapshot_job(backup)) is None and not snapshot_pods(bed, backup)
+        ),
+        60,
+        "the snapshot Job and its pod deleted",
+    )
+    events = eventually(
+        lambda: [e for e in bed.events("BackupFailed") if e["regarding"]["name"] == backup],
+        what="a BackupFailed Event",
+    )
+    assert events[0]["type"] == "Warning" and events[0]["regarding"]["kind"] == "Backup"
+    assert status["error"] in events[0]["note"]
+    return status
+
+
+def test_a_backup_whose_job_pod_misses_its_secret_fails_within_the_start_timeout(bed: Bed) -> None:
+    """The S3 credentials Secret is missing: the kubelet reports CreateContainerConfigError, which
+    would otherwise hold the Job for its 6-hour deadline."""
+    bed.wait_settled()
+    start_timeout(bed, 3)
+    bed.server.remove("secrets", NS, S3_SECRET)
+    try:
+        status = fails_in_bounded_time(bed, "no-secret", 3)
+    finally:
+        bed.server.create(s3_secret(bed.s3))
+        start_timeout(bed, None)
+    assert f'CreateContainerConfigError: secret "{S3_SECRET}" not found' in status["error"], status
+    assert "LastBackupSucceeded" in {
+        c["type"] for c in bed.status().get("conditions") or [] if c["status"] == "False"
+    }
+    bed.wait_settled()
+
+
+def test_a_backup_whose_job_pod_cannot_be_scheduled_fails_within_the_start_timeout(bed: Bed) -> None:
+    """No node takes the pod (the only node cordoned): the scheduler's reason is in the error."""
+    bed.wait_settled()
+    start_timeout(bed, 3)
+    bed.server.merge("nodes", None, NODE_NAME, {"spec": {"unschedulable": True}})  # kubectl cordon
+    try:
+        status = fails_in_bounded_time(bed, "no-node", 3)
+    finally:
+        bed.server.merge("nodes", None, NODE_NAME, {"spec": {"unschedulable": None}})
+        start_timeout(bed, None)
+    assert "Unschedulable: 0/1 nodes are available: 1 node(s) were unschedulable" in status["error"], status
+    bed.wait_settled()
+
+
+def test_a_backup_whose_job_pod_starts_within_the_start_timeout_completes(bed: Bed) -> None:
+    """A pod that waits (here for its Secret, a reason that needs a person) but starts before the
+    timeout is not failed: its Backup completes."""
+    bed.wait_settled()
+    start_timeout(bed, 20)
+    bed.server.remove("secrets", NS, S3_SECRET)
+    try:
+        bed.server.create(backup_manifest("late-secret"))
+
+        def waiting_for_its_secret() -> bool:
+            for pod in snapshot_pods(bed, "late-secret"):
+                for container in (pod.get("status") or {}).get("containerStatuses") or []:
+                    waiting = (container.get("state") or {}).get("waiting") or {}
+                    if waiting.get("reason") == "CreateContainerConfigError":
+                        return True
+            return False
+
+        eventually(waiting_for_its_secret, 60, "the snapshot pod waiting for its Secret")
+        time.sleep(2)
+    finally:
+        bed.server.create(s3_secret(bed.s3))
+
+    def completed() -> dict[str, Any] | None:
+        status = dict((bed.server.read("backups", NS, "late-secret") or {}).get("status") or {})
+        assert status.get("phase") != "Failed", status  # a phase is final: fail at once
+        return status if status.get("phase") == "Completed" else None
+
+    try:
+        status = eventually(completed, 300, "the Backup Completed")
+    finally:
+        start_timeout(bed, None)
+    assert status["verified"] is True and "error" not in status
+
+
 def restore_phase(bed: Bed, name: str) -> dict[str, Any]:
     found = bed.server.read("restores", NS, name) or {}
     return dict(found.get("status") or {})
@@ -425,6 +530,53 @@ def test_a_restore_of_a_failed_backup_fails_with_an_event_and_changes_nothing(be
     assert "refused" in status["error"] and status["completedAt"]
     (event,) = eventually(lambda: bed.events("RestoreFailed"), what="a RestoreFailed Event")
     assert event["type"] == "Warning" and event["regarding"]["kind"] == "Restore"
+    after = bed.wait_settled()
+    assert after["currentPrimary"] == before["currentPrimary"] and after["timeline"] == before["timeline"]
+
+
+def test_retention_expires_a_backup_and_a_restore_naming_it_is_refused(bed: Bed) -> None:
+    """Retention (keepLast 1 from now) runs a prune Job after the next Backup; the snapshot of "first"
+    is deleted: the operator marks "first" Expired (when, and which retention), with an Event, and a
+    Restore naming it is refused at once with that reason, changing nothing."""
+    before = bed.wait_settled()
+    first = backup_phase(bed, "first", "Completed")
+    assert first is not None
+    bed.server.merge("postgresclusters", NS, NAME, {"spec": {"backup": {"retention": {"keepLast": 1}}}})
+    try:
+        bed.server.create(backup_manifest("newest"))
+        newest = eventually(lambda: backup_phase(bed, "newest", "Completed"), 300, "the Backup newest")
+        expired = eventually(lambda: backup_phase(bed, "first", "Expired"), 120, "the Backup first Expired")
+    finally:
+        bed.server.merge("postgresclusters", NS, NAME, {"spec": {"backup": {"retention": {"keepLast": 5}}}})
+    assert expired["backupId"] == first["backupId"] and expired["completedAt"] == first["completedAt"]
+    assert expired["message"] == f"its snapshot {first['backupId']} was deleted by retention (keepLast: 1)"
+    expired_at = datetime.fromisoformat(expired["expiredAt"].replace("Z", "+00:00"))
+    assert expired_at >= datetime.fromisoformat(newest["completedAt"].replace("Z", "+00:00"))
+    prefix = f"{bed.store_path}/{NAME}/"
+    keys = bed.s3.client().list_objects_v2(Bucket=bed.s3.bucket, Prefix=prefix).get("Contents", [])
+    assert not [k for k in keys if f"/snapshots/{first['backupId']}/" in k["Key"]]
+    assert [k for k in keys if f"/snapshots/{newest['backupId']}/" in k["Key"]]
+    assert backup_phase(bed, "newest", "Completed") is not None
+    (event,) = eventually(
+        lambda: [e for e in bed.events("BackupExpired") if e["regarding"]["name"] == "first"],
+        what="a BackupExpired Event",
+    )
+    assert event["type"] == "Normal" and expired["message"] in event["note"]
+
+    bed.server.create(
+        {
+            "apiVersion": names.API_VERSION,
+            "kind": "Restore",
+            "metadata": {"name": "from-expired", "namespace": NS},
+            "spec": {"cluster": {"name": NAME}, "backup": "first"},
+        }
+    )
+    status = eventually(lambda: (s := restore_phase(bed, "from-expired")).get("phase") == "Failed" and s)
+    assert status["error"] == (
+        f"Backup first is Expired (its snapshot was deleted by retention at {expired['expiredAt']});"
+        " choose another Backup"
+    )
+    assert "startedAt" not in status  # refused before any member was fenced or asked to restore
     after = bed.wait_settled()
     assert after["currentPrimary"] == before["currentPrimary"] and after["timeline"] == before["timeline"]
 

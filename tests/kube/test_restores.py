@@ -110,6 +110,20 @@ def test_the_snapshot_a_restore_names() -> None:
         snapshot_to_restore(objects, "running", None)
 
 
+def test_an_expired_backup_is_never_restored() -> None:
+    """Its snapshot id is still in its status (what it was), but retention deleted the snapshot."""
+    expired = {"phase": "Expired", "backupId": "20261120T1", "expiredAt": "2026-11-23T03:00:00Z"}
+    objects = ClusterObjects(
+        cluster=cluster_manifest(), backups=[{"metadata": {"name": "old"}, "status": expired}]
+    )
+    with pytest.raises(ValueError) as refused:
+        snapshot_to_restore(objects, "old", None)
+    assert str(refused.value) == (
+        "Backup old is Expired (its snapshot was deleted by retention at 2026-11-23T03:00:00Z);"
+        " choose another Backup"
+    )
+
+
 def test_progress_and_snapshot_reach_the_restore_once(kube_server: EmulatedApiServer) -> None:
     kube_server.create(cluster_manifest())
     kube_server.create(restore_manifest())

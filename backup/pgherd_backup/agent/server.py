@@ -17,6 +17,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -33,6 +34,9 @@ log = logging.getLogger("pgherd.agent")
 MAX_BODY = 64 << 10
 HANDSHAKE_TIMEOUT = 10.0
 PROBES = ("/healthz", "/readyz", "/startupz")
+# At stop, how long the requests being answered may take to get their answer out (a fence that let a
+# terminating primary go on): the process exits after stop(), and its handler threads with it.
+ANSWER_WAIT = 10.0
 
 
 class AgentHTTPServer(ThreadingHTTPServer):
@@ -43,7 +47,23 @@ class AgentHTTPServer(ThreadingHTTPServer):
         self.instance = instance
         self.context = context
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self._answering = 0  # requests read and not answered yet
+        self._answered = threading.Condition()
         super().__init__(address, _Handler)
+
+    def begin_answer(self) -> None:
+        with self._answered:
+            self._answering += 1
+
+    def end_answer(self) -> None:
+        with self._answered:
+            self._answering -= 1
+            self._answered.notify_all()
+
+    def wait_answered(self, timeout: float) -> bool:
+        """Wait until no request is being answered (or `timeout`); whether none is."""
+        with self._answered:
+            return self._answered.wait_for(lambda: self._answering == 0, timeout)
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         if self.context is None:
@@ -69,6 +89,20 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- routing -------------------------------------------------------------------------------------
     def do_GET(self) -> None:
+        self._answer(self._get)
+
+    def do_POST(self) -> None:
+        self._answer(self._post)
+
+    def _answer(self, handle: Callable[[], None]) -> None:
+        """A request, counted from when it was read to its answer (see AgentServer.stop)."""
+        self.server.begin_answer()
+        try:
+            handle()
+        finally:
+            self.server.end_answer()
+
+    def _get(self) -> None:
         path = self.path.split("?", 1)[0]
         if path in PROBES:
             self._probe(path)
@@ -78,7 +112,7 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._error(404, f"no such endpoint: GET {path}", "not-found")
 
-    def do_POST(self) -> None:
+    def _post(self) -> None:
         path = self.path.split("?", 1)[0]
         if path in PROBES:
             self._error(405, f"{path} answers GET only", "bad-request")
@@ -229,5 +263,7 @@ class AgentServer:
         return self
 
     def stop(self) -> None:
-        self.httpd.shutdown()
+        self.httpd.shutdown()  # no new connection
+        if not self.httpd.wait_answered(ANSWER_WAIT):
+            log.warning("stopping with requests still unanswered after %.0fs", ANSWER_WAIT)
         self.httpd.server_close()

@@ -26,6 +26,8 @@ class BackupPhase(StrEnum):
     RUNNING = "Running"
     COMPLETED = "Completed"
     FAILED = "Failed"
+    # Completed once, then retention (backup.retention) deleted its snapshot: nothing left to restore.
+    EXPIRED = "Expired"
 
 
 class BackupSpec(ApiModel):
@@ -56,6 +58,14 @@ class BackupStatus(StatusModel):
     source_member: str | None = None
     verified: bool | None = None
     error: str | None = None
+    expired_at: str | None = Field(
+        default=None, description="When retention deleted the snapshot (phase Expired)."
+    )
+    message: str | None = Field(
+        default=None,
+        description="Why the Backup is in its phase, when that needs saying: for Expired, the retention"
+        " that deleted its snapshot.",
+    )
 
 
 class Backup(ApiModel):
@@ -106,3 +116,38 @@ def status_from_summary(summary: Mapping[str, Any], store_url: str | None = None
         if not summary["verified"]:
             fields["error"] = f"verify failed: {summary.get('verify_error') or 'unknown'}"
     return {key: value for key, value in fields.items() if value is not None}
+
+
+def retention_text(keep_last: int | None, keep_within: str | None) -> str:
+    """backup.retention as a person wrote it: 'keepLast: 3, keepWithin: 7d'."""
+    parts = [f"keepLast: {keep_last}"] if keep_last is not None else []
+    parts += [f"keepWithin: {keep_within}"] if keep_within else []
+    return ", ".join(parts) or "retention"
+
+
+def expired_status(snapshot_id: str, at: str, retention: str, after: str | None = None) -> dict[str, Any]:
+    """The status fields of a Backup whose snapshot retention deleted at ``at``, on every platform:
+    phase Expired, ``expiredAt``, and in ``message`` which retention did it (and after which Backup)."""
+    why = f"its snapshot {snapshot_id} was deleted by retention ({retention})"
+    if after:
+        why += f" after Backup {after}"
+    return {"phase": BackupPhase.EXPIRED.value, "expiredAt": at, "message": why}
+
+
+def expired_refusal(name: str, expired_at: str | None) -> str:
+    """Why a Restore, bootstrap.fromBackup or recovery.backup naming an Expired Backup is refused."""
+    when = f" at {expired_at}" if expired_at else ""
+    return f"Backup {name} is Expired (its snapshot was deleted by retention{when}); choose another Backup"
+
+
+def unrestorable(name: str, status: Mapping[str, Any] | None) -> str | None:
+    """Why Backup ``name`` (its status as stored, None when there is no such Backup) cannot be restored,
+    or None when it can: it must hold a snapshot id (set when it completed), and not be Expired."""
+    if status is None:
+        return f"Backup {name!r} not found: no snapshot to restore"
+    phase = status.get("phase") or BackupPhase.PENDING.value
+    if phase == BackupPhase.EXPIRED:
+        return expired_refusal(name, status.get("expiredAt"))
+    if not status.get("backupId"):
+        return f"Backup {name!r} has no completed snapshot to restore (phase {phase})"
+    return None

@@ -70,6 +70,12 @@ CRON_PATTERN = (
 )
 # A retention window: a number and a unit (minutes, hours, days, weeks), e.g. 7d, 36h, 2w.
 DURATION_PATTERN = r"^[1-9][0-9]*(m|h|d|w)$"
+# backup.jobStartTimeoutSeconds: a snapshot Job's pod that has not started after this long (not
+# scheduled, image not pulled, a Secret missing) fails its Backup. Five minutes cover a cold pull of
+# the image and a node autoscaler adding a node; a mistake (a missing Secret) is reported in minutes,
+# not at the Job's own deadline, SNAPSHOT_DEADLINE_SECONDS (a snapshot may stream for hours).
+JOB_START_TIMEOUT_SECONDS = 300
+SNAPSHOT_DEADLINE_SECONDS = 6 * 3600
 S3_BUCKET_PATTERN = r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$"
 
 
@@ -235,6 +241,16 @@ class BackupSpec(ApiModel):
     )
     retention: Retention | None = None
     compression: Compression = Field(default=Compression.ZSTD)
+    job_start_timeout_seconds: int = Field(
+        default=JOB_START_TIMEOUT_SECONDS,
+        ge=1,
+        le=SNAPSHOT_DEADLINE_SECONDS,
+        description=(
+            "How long a snapshot Job's pod may wait to start (not scheduled, its image not pulled, a"
+            " Secret or key it needs missing) before its Backup is Failed with the reason the scheduler"
+            " or the kubelet gives, and the Job deleted. Default 300 (5 minutes)."
+        ),
+    )
 
     @property
     def archiving_enabled(self) -> bool:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pgherd.commands.validate import load_documents
+from pgherd.commands.manifests import ManifestError, read_manifests
 from pgherd.local.layout import DEFAULT_DIR
 
 # The sandbox's modules (and the engine, pydantic, CEL behind them) are imported by each command, not
@@ -62,7 +62,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="kill only PostgreSQL, under a live agent (a crashed server: its agent restarts it read-only)",
     )
+    p.add_argument(
+        "--keep-down",
+        action="store_true",
+        help="the platform does not start it again (a pod that cannot be scheduled, its node gone) until"
+        " `pgherd sandbox start MEMBER`",
+    )
     p.set_defaults(func=_kill)
+    p = add("start", "let a member kept down by `kill --keep-down` start again (its node is back)")
+    p.add_argument("member")
+    p.set_defaults(func=_start)
     p = add("switchover", "a planned switchover, to the best candidate or to --to MEMBER")
     p.add_argument("--to", default=None)
     p.add_argument("--timeout", type=float, default=90)
@@ -100,13 +109,21 @@ def _up(args: argparse.Namespace) -> int:
     from pgherd.local.sandbox import Sandbox, SandboxError
 
     try:
-        documents = load_documents(args.filename)
-        if len(documents) != 1:
-            return _fail(f"{args.filename}: expected one PostgresCluster, found {len(documents)} documents")
-        status = Sandbox(args.dir).up(
-            documents[0], timeout=args.timeout, restart_delay=args.restart_delay, members=args.members
+        (manifest,) = read_manifests(
+            args.filename,
+            single=True,
+            kinds=("PostgresCluster",),
+            hint="apply Backups and Restores to a running sandbox with `pgherd sandbox apply -f`",
         )
-    except (ManifestRefused, SandboxError, ValueError, OSError) as exc:
+    except ManifestError as exc:
+        return _fail(str(exc))
+    try:
+        status = Sandbox(args.dir).up(
+            manifest, timeout=args.timeout, restart_delay=args.restart_delay, members=args.members
+        )
+    except ManifestRefused as exc:
+        return _fail(f"{args.filename}: {exc}")
+    except (SandboxError, ValueError, OSError) as exc:
         return _fail(str(exc))
     print(f"PostgresCluster {status['cluster']} is {status['phase']}: primary {status['primary']}")
     _print_members(status)
@@ -159,16 +176,19 @@ def _apply(args: argparse.Namespace) -> int:
     from pgherd.api.admission import ManifestRefused
     from pgherd.local.sandbox import Sandbox, SandboxError
 
-    sandbox = Sandbox(args.dir)
     try:
-        documents = load_documents(args.filename)
-    except (OSError, ValueError) as exc:
+        documents = read_manifests(args.filename)  # every document checked before any is applied
+    except ManifestError as exc:
         return _fail(str(exc))
+    sandbox = Sandbox(args.dir)
     failed = 0
     for doc in documents:
         try:
             print(sandbox.apply(doc))
-        except (ManifestRefused, SandboxError, ValueError, FileNotFoundError) as exc:
+        except ManifestRefused as exc:
+            print(f"error: {args.filename}: {exc}", file=sys.stderr)
+            failed += 1
+        except (SandboxError, ValueError, FileNotFoundError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             failed += 1
     return 1 if failed else 0
@@ -178,11 +198,25 @@ def _kill(args: argparse.Namespace) -> int:
     from pgherd.local.sandbox import Sandbox, SandboxError
 
     try:
-        Sandbox(args.dir).kill(args.member, wipe=args.wipe, postgres_only=args.postgres_only)
+        Sandbox(args.dir).kill(
+            args.member, wipe=args.wipe, postgres_only=args.postgres_only, keep_down=args.keep_down
+        )
     except SandboxError as exc:
         return _fail(str(exc))
     what = "PostgreSQL of " if args.postgres_only else ""
-    print(f"killed {what}{args.member}{' and wiped its data' if args.wipe else ''}")
+    kept = ", kept down until `pgherd sandbox start`" if args.keep_down else ""
+    print(f"killed {what}{args.member}{' and wiped its data' if args.wipe else ''}{kept}")
+    return 0
+
+
+def _start(args: argparse.Namespace) -> int:
+    from pgherd.local.sandbox import Sandbox, SandboxError
+
+    try:
+        Sandbox(args.dir).start(args.member)
+    except SandboxError as exc:
+        return _fail(str(exc))
+    print(f"{args.member} may start again")
     return 0
 
 

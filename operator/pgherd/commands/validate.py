@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
-import yaml
+from pgherd.commands.manifests import ManifestError, read_manifests
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -21,28 +20,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.set_defaults(func=run)
 
 
-def load_documents(path: Path) -> list[dict[str, Any]]:
-    """The YAML documents of a file (empty documents skipped); a clear error for anything else."""
-    with path.open() as handle:
-        documents = [doc for doc in yaml.safe_load_all(handle) if doc is not None]
-    for doc in documents:
-        if not isinstance(doc, dict):
-            raise ValueError(f"{path}: every YAML document must be a mapping (a Kubernetes object)")
-    return documents
-
-
 def run(args: argparse.Namespace) -> int:
     from pgherd.api.admission import ManifestRefused, admit
 
     old = None
     if args.old is not None:
-        old_docs = load_documents(args.old)
-        old = old_docs[0] if old_docs else None
+        try:
+            (old,) = read_manifests(args.old, single=True)
+        except ManifestError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     failed = 0
     for path in args.filename:
         try:
-            documents = load_documents(path)
-        except (OSError, yaml.YAMLError, ValueError) as exc:
+            documents = read_manifests(path)
+        except ManifestError as exc:
             print(f"error: {exc}", file=sys.stderr)
             failed += 1
             continue

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pgherd.api.backup import BackupPhase
+from pgherd.api.backup import BackupPhase, expired_refusal
 from pgherd.api.cluster import Phase
 from pgherd.engine.actions import CreateMember, Seed, SetPrimary
+from pgherd.engine.backups import iso_time
 from pgherd.engine.context import Context, Outcome
 from pgherd.engine.view import member_name
 
@@ -23,6 +24,15 @@ def step(ctx: Context) -> Outcome:
             return Outcome(Phase.CREATING, ctx.status, (create,), f"initializing {first}")
         if from_backup.backup is not None:
             backup = ctx.view.backup(from_backup.backup)
+            if backup is not None and backup.phase == BackupPhase.EXPIRED:
+                # Nothing to start from, ever: bootstrap is immutable, so the cluster is made again.
+                refusal = expired_refusal(from_backup.backup, iso_time(backup.expired_at))
+                return Outcome(
+                    Phase.FAILED,
+                    ctx.status,
+                    message=f"bootstrap.fromBackup: {refusal.removesuffix('; choose another Backup')};"
+                    " bootstrap cannot change: create the cluster again from another Backup or a snapshotId",
+                )
             if backup is not None and backup.phase != BackupPhase.COMPLETED:
                 return Outcome(
                     Phase.PENDING,

@@ -15,6 +15,9 @@ class ConditionType(StrEnum):
     PROGRESSING = "Progressing"  # an operation runs (True) / was aborted (False) / none (absent)
     CONTINUOUS_ARCHIVING = "ContinuousArchiving"
     LAST_BACKUP_SUCCEEDED = "LastBackupSucceeded"
+    # With recovery.onQuorumLoss RestoreFromBackup and recovery.backup naming a Backup: whether it can be
+    # restored (False at once when it cannot, e.g. Expired: its snapshot deleted by retention).
+    RECOVERY_BACKUP_AVAILABLE = "RecoveryBackupAvailable"
     WAITING = "Waiting"  # why the engine takes no action while the cluster is not Running
     # Kubernetes only (set by the adapter, not the engine): pods the kubelet or the scheduler cannot
     # start (a missing Secret or key, an image not found, a crash loop, no node with room).

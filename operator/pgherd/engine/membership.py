@@ -25,7 +25,7 @@ from pgherd.engine.actions import (
     SetPrimary,
     SetSynchronousStandbys,
 )
-from pgherd.engine.context import Context, Outcome
+from pgherd.engine.context import Context, Outcome, data_lost
 from pgherd.engine.quorum import SyncStep, VotersStep, check, majority, next_step
 from pgherd.engine.status import EngineStatus
 from pgherd.engine.view import MemberView, Role
@@ -38,10 +38,10 @@ class Upkeep:
 
 
 def needs_rejoin(ctx: Context, member: MemberView, primary: str) -> bool:
-    if member.name == primary or not member.exists:
+    if member.name == primary or not member.exists or member.absent:
         return False
-    if member.fenced:
-        return True
+    if member.fenced or (data_lost(member) and not member.absent):
+        return True  # an empty volume whose agent answers is seeded by the rejoin
     if not member.reachable:
         return False
     if member.role is Role.PRIMARY:
@@ -152,6 +152,7 @@ def maintain(ctx: Context, reclone: frozenset[str] = frozenset()) -> Outcome:
 def upkeep(ctx: Context, reclone: frozenset[str] = frozenset()) -> Upkeep:
     primary = ctx.healthy_primary()
     assert primary is not None, "membership upkeep needs a healthy primary"
+    reclone = reclone | ctx.status.rebuild_pending
     if primary.timeline is not None and primary.timeline != ctx.status.timeline:
         # Observed truth (e.g. a promotion that was confirmed only after the operation ended).
         ctx = replace(ctx, status=replace(ctx.status, timeline=primary.timeline))
@@ -175,13 +176,23 @@ def upkeep(ctx: Context, reclone: frozenset[str] = frozenset()) -> Upkeep:
             continue  # the primary never rejoins itself
         # A member being removed is not rebuilt: a re-clone would keep its data aside on the very
         # volume the scale-down deletes.
-        rebuild = member.name in reclone and ctx.wanted(member.name)
+        rebuild = member.name in reclone and ctx.wanted(member.name) and not member.absent
         if (rebuild and not member.streams_from(primary.name)) or needs_rejoin(ctx, member, primary.name):
             actions.append(_rejoin_action(ctx, member, primary.name, rebuild))
             notes.append(f"rejoining {member.name}")
+        elif member.absent:
+            notes.append(f"{member.name} not running")
         elif not member.reachable and member.name != primary.name:
             notes.append(f"{member.name} unreachable")
     status, quorum_actions = _quorum(ctx, primary)
+    if status.rebuild_pending:
+        rebuilt = {
+            name
+            for name in status.rebuild_pending
+            if not ctx.wanted(name)
+            or ((m := ctx.view.member(name)) is not None and m.streams_from(primary.name) and not m.fenced)
+        }
+        status = replace(status, rebuild_pending=status.rebuild_pending - rebuilt)
     actions += quorum_actions
     if quorum_actions:
         notes.append("changing synchronous standbys")
@@ -205,7 +216,11 @@ def upkeep(ctx: Context, reclone: frozenset[str] = frozenset()) -> Upkeep:
     status = replace(status, primary_lost_since=None, votes_since={}, quorum_lost_since=None)
     if settled and not status.complete:
         status = replace(status, complete=True)
-    scaling = any(isinstance(a, DeleteMember) for a in actions) or set(status.voters) != expected
+    # Members with nothing running (pods not scheduled, nodes gone) make the cluster Degraded, not Scaling.
+    absent = any((m := ctx.view.member(n)) is not None and m.absent for n in expected)
+    scaling = any(isinstance(a, DeleteMember) for a in actions) or (
+        set(status.voters) != expected and not absent
+    )
     reachable, needed = len(ctx.reachable_voters()), ctx.needed()
     if reachable < needed:
         # The primary is up but cannot gather a quorum (writes wait in quorum mode): never promote.

@@ -40,10 +40,11 @@ from pgherd.engine.actions import (
     StartRestore,
     UpdateRestore,
 )
+from pgherd.engine.backups import unrestorable
 from pgherd.engine.context import Context, Outcome, cannot_write, data_lost
 from pgherd.engine.quorum import ASYNC
 from pgherd.engine.status import Operation, OperationKind
-from pgherd.engine.view import BackupView, JobKind, JobState, RestoreView, member_name
+from pgherd.engine.view import BackupView, JobKind, JobState, RestoreView
 
 
 def recovery_grace(ctx: Context) -> timedelta:
@@ -53,7 +54,8 @@ def recovery_grace(ctx: Context) -> timedelta:
 
 
 def latest_backup(ctx: Context, wanted: str) -> BackupView | None:
-    """The Completed Backup named ``wanted``, or the most recent Completed one for ``latest``."""
+    """The Completed Backup named ``wanted``, or the most recent Completed one for ``latest``. An Expired
+    Backup (its snapshot deleted by retention) is never one: see ``unrestorable``."""
     done = [b for b in ctx.view.backups if b.phase == BackupPhase.COMPLETED]
     if wanted != "latest":
         return next((b for b in done if b.name == wanted), None)
@@ -100,7 +102,6 @@ def on_quorum_loss(ctx: Context, why: str) -> Outcome:
     operation = Operation(
         OperationKind.RECOVERY,
         started_at=ctx.now,
-        target=member_name(ctx.view.cluster, 0),
         restore=f"{ctx.view.cluster}-recovery-{ctx.now:%Y%m%d%H%M%S}",
         backup=backup.name,
         plan=tuple(m.name for m in ctx.view.existing()),
@@ -127,10 +128,8 @@ def _target_text(restore: RestoreView) -> str | None:
 def start_restore(ctx: Context, restore: RestoreView) -> Outcome:
     """A Restore object asks for an in-place restore: validate it, record the operation, begin."""
     if restore.backup is not None:
-        backup = ctx.view.backup(restore.backup)
-        if backup is None or backup.phase != BackupPhase.COMPLETED:
-            state = "not found" if backup is None else f"in phase {backup.phase}"
-            error = f"Backup {restore.backup} is {state}; only a Completed backup can be restored"
+        error = unrestorable(ctx.view.backup(restore.backup), restore.backup)
+        if error is not None:
             return Outcome(
                 Phase.FAILED,
                 ctx.status,
@@ -140,7 +139,6 @@ def start_restore(ctx: Context, restore: RestoreView) -> Outcome:
     operation = Operation(
         OperationKind.RESTORE,
         started_at=ctx.now,
-        target=member_name(ctx.view.cluster, 0),
         restore=restore.name,
         backup=restore.backup,
         snapshot_id=restore.snapshot_id,
@@ -157,8 +155,8 @@ def advance(ctx: Context, operation: Operation) -> Outcome:
     actions: list[Action] = []
     restore_view = next((r for r in ctx.view.restores if r.name == operation.restore), None)
 
-    assert operation.target is not None and operation.restore is not None
-    job_name, member_to_restore = operation.restore, operation.target
+    assert operation.restore is not None
+    job_name, member_to_restore = operation.restore, operation.target or ""
 
     def report(
         restore_phase: RestorePhase, error: str | None = None, restored_timeline: int | None = None
@@ -169,13 +167,23 @@ def advance(ctx: Context, operation: Operation) -> Outcome:
 
     if operation.step == "fence":
         report(RestorePhase.FENCING)
-        unfenced = [m for m in ctx.view.existing() if not m.fenced or not cannot_write(m)]
-        if unfenced:
-            actions += [Fence(m.name, reason=operation.reason) for m in unfenced]
-            return Outcome(phase, status, tuple(actions), f"fencing {', '.join(m.name for m in unfenced)}")
-        operation = operation.at("restore", ctx.now)
+        actions += _fences(ctx, operation, keep=None)
+        waiting = _may_write(ctx)
+        chosen = _restore_target(ctx)
+        if waiting or chosen is None:
+            why = (
+                f"fencing {', '.join(waiting)}"
+                if waiting
+                else "waiting for a member whose agent answers, to restore into"
+            )
+            return Outcome(phase, status, tuple(actions), why + _missing_note(ctx))
+        operation = replace(operation.at("restore", ctx.now), target=chosen)
         status = replace(status, operation=operation)
         actions.clear()
+        job_name, member_to_restore = str(operation.restore), chosen
+    if operation.step in ("restore", "promote"):
+        # A member that returns meanwhile stays fenced until the rebuild re-clones it.
+        actions += _fences(ctx, operation, keep=operation.target)
     if operation.step == "restore":
         job = ctx.view.job(JobKind.RESTORE, job_name)
         if job is None or job.state is JobState.RUNNING:
@@ -193,7 +201,9 @@ def advance(ctx: Context, operation: Operation) -> Outcome:
                     )
                 )
             what = "replaying WAL" if replaying else f"restoring {operation.backup or operation.snapshot_id}"
-            return Outcome(phase, status, tuple(actions), f"{what} into {operation.target}")
+            return Outcome(
+                phase, status, tuple(actions), f"{what} into {operation.target}{_missing_note(ctx)}"
+            )
         if job.state is JobState.FAILED:
             error = job.message or "the restore job failed"
             actions.clear()
@@ -214,10 +224,14 @@ def advance(ctx: Context, operation: Operation) -> Outcome:
             return Outcome(Phase.FAILED, status, tuple(actions), f"{operation.kind} failed: {error}")
         if target is None or not target.reachable:
             return Outcome(
-                phase, status, message=f"waiting for {operation.target} to start after the restore"
+                phase,
+                status,
+                tuple(actions),
+                f"waiting for {operation.target} to start after the restore",
             )
         if not target.is_primary:
-            return Outcome(phase, status, (Promote(target.name, reason=operation.reason),), "promoting")
+            actions.append(Promote(target.name, reason=operation.reason))
+            return Outcome(phase, status, tuple(actions), "promoting")
         operation = operation.at("rebuild", ctx.now)
         status = replace(
             status,
@@ -252,15 +266,77 @@ def _rebuild(ctx: Context, operation: Operation, phase: Phase) -> Outcome:
         status = replace(ctx.status, operation=None)
         return Outcome(phase, status, message=f"restored primary {operation.target} is not available")
     # The restored member is the primary now: only the others are re-cloned from it.
-    upkeep = membership.maintain(ctx, reclone=frozenset(operation.plan) - {primary.name})
-    missing = [n for n in ctx.expected_names() if n != primary.name and not _streams(ctx, n)]
+    replaced = frozenset(operation.plan) - {primary.name}
+    upkeep = membership.maintain(ctx, reclone=replaced)
+    behind = [n for n in ctx.expected_names() if n != primary.name and not _streams(ctx, n)]
+    # A member with nothing running (its pod not scheduled, its node gone) does not hold the cluster
+    # back: it is reported, and re-cloned once it returns (status.rebuildPending).
+    absent = [n for n in behind if _absent(ctx, n)]
+    missing = [n for n in behind if n not in absent]
     if missing:
-        return replace(upkeep, phase=phase, message=f"rebuilding {', '.join(missing)} from {primary.name}")
+        return replace(
+            upkeep,
+            phase=phase,
+            message=f"rebuilding {', '.join(missing)} from {primary.name}{_missing_note(ctx)}",
+        )
     actions: list[Action] = list(upkeep.actions)
     if operation.kind is OperationKind.RESTORE:
         actions.append(UpdateRestore(str(operation.restore), RestorePhase.COMPLETED))
-    status = replace(upkeep.status, operation=None)
-    return Outcome(phase, status, tuple(actions), f"{operation.kind} {operation.restore} completed")
+    pending = frozenset(n for n in absent if n in replaced) | upkeep.status.rebuild_pending
+    status = replace(upkeep.status, operation=None, rebuild_pending=pending)
+    message = f"{operation.kind} {operation.restore} completed"
+    if absent:
+        message += f"; {', '.join(absent)} not running: rebuilt from {primary.name} when they return"
+    return Outcome(phase, status, tuple(actions), message)
+
+
+def _absent(ctx: Context, name: str) -> bool:
+    member = ctx.view.member(name)
+    return member is None or member.absent
+
+
+def _may_write(ctx: Context) -> list[str]:
+    """Members that may still accept writes: nothing may write while the cluster is restored. A member
+    counts as fenced once it provably cannot write: nothing of it runs (absent), its volume is lost, its
+    agent reports it fenced and stopped or read-only. A member whose agent answers but is not fenced yet
+    is waited for too (it answers a Fence at once); one that is merely starting is waited for, never
+    killed: a starting agent does not run PostgreSQL read-write on its own."""
+    waiting = []
+    for member in ctx.view.existing():
+        if member.absent or data_lost(member):
+            continue
+        if not cannot_write(member) or (member.reachable and not member.fenced):
+            waiting.append(member.name)
+    return waiting
+
+
+def _fences(ctx: Context, operation: Operation, keep: str | None) -> list[Action]:
+    """A Fence for every member that is not fenced and not absent (the platform skips one whose agent is
+    not up yet, and asks again at the next tick), but ``keep``: the member being restored."""
+    return [
+        Fence(m.name, reason=operation.reason)
+        for m in ctx.view.existing()
+        if m.name != keep and not m.fenced and not m.absent
+    ]
+
+
+def _restore_target(ctx: Context) -> str | None:
+    """The member to restore into: the lowest ordinal whose agent answers under a fence (the agent
+    restores only under one), or answers for an empty volume (the platform fences it first). A member
+    that is absent or still starting is never chosen: it may never come back."""
+    candidates = [
+        m
+        for m in ctx.view.members
+        if ctx.wanted(m.name)
+        and not m.absent
+        and ((m.exists and m.fenced) or (not m.exists and data_lost(m)))
+    ]
+    return min(candidates, key=lambda m: m.ordinal).name if candidates else None
+
+
+def _missing_note(ctx: Context) -> str:
+    absent = [n for n in ctx.expected_names() if _absent(ctx, n)]
+    return f" ({', '.join(absent)} not running)" if absent else ""
 
 
 def _streams(ctx: Context, name: str) -> bool:

@@ -118,6 +118,10 @@ class EngineStatus:
     last_scheduled_backup: datetime | None = None
     operation: Operation | None = None
     aborted: Operation | None = None  # the last aborted operation, reported until its cause is gone
+    # Members a restore could not rebuild because they were absent (their pod not running, not
+    # scheduled): they may hold data of the history the restore replaced, so each is re-cloned from the
+    # primary (its data kept aside, never rewound) once it returns, and leaves this set once it streams.
+    rebuild_pending: frozenset[str] = field(default_factory=frozenset)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -145,6 +149,8 @@ class EngineStatus:
             out["operation"] = self.operation.to_dict()
         if self.aborted is not None:
             out["aborted"] = self.aborted.to_dict()
+        if self.rebuild_pending:
+            out["rebuildPending"] = sorted(self.rebuild_pending)
         return out
 
     @classmethod
@@ -177,6 +183,7 @@ class EngineStatus:
             last_scheduled_backup=moment("lastScheduledBackup"),
             operation=None if operation is None else Operation.from_dict(operation),
             aborted=None if aborted is None else Operation.from_dict(aborted),
+            rebuild_pending=frozenset(data.get("rebuildPending", ())),
         )
 
     def possible_sync_configs(self) -> list[SyncConfig]:

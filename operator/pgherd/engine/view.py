@@ -53,6 +53,9 @@ class MemberView:
     ``kept_aside``: how many replaced data directories are kept aside on the member's volume.
     ``terminating``: its agent received SIGTERM (pod deletion, drain, eviction) and, being the primary,
     waits (bounded by the grace period) for the engine to switch over before it stops PostgreSQL.
+    ``absent``: the platform knows that nothing of the member runs: no agent process, its pod deleted,
+    not scheduled (its node gone, no room) or not started yet. Such a member cannot write, and may
+    never come back: a recovery does not wait for it. An agent that is starting is not absent.
     """
 
     name: str
@@ -75,6 +78,7 @@ class MemberView:
     held_lsn: int | None = None
     kept_aside: int = 0
     terminating: bool = False
+    absent: bool = False
 
     @property
     def most_wal(self) -> int | None:
@@ -113,6 +117,11 @@ class JobView:
 
     ``stage``: what a restore job reports it is doing: ``restoring`` (fetching the snapshot) or
     ``replaying`` (archived WAL up to the target).
+    ``waiting_since``: for a running job none of whose current attempt has started (its pod not
+    scheduled, its image not pulled, a Secret it needs missing, or still being created), since when it
+    waits: that pod's creation, or the job's own when it has no pod at all; None once it started, and
+    when the adapter cannot tell. ``waiting_reason``: why, as the platform says it (``pod X:
+    CreateContainerConfigError: secret "s3" not found``).
     """
 
     kind: JobKind
@@ -123,11 +132,16 @@ class JobView:
     message: str = ""
     backup_id: str | None = None
     timeline: int | None = None
+    waiting_since: datetime | None = None
+    waiting_reason: str = ""
 
 
 @dataclass(frozen=True)
 class BackupView:
-    """A Backup object of this cluster: its recorded phase and, when started, its snapshot job."""
+    """A Backup object of this cluster: its recorded phase and, when started, its snapshot job.
+
+    ``expired_at``: when retention deleted its snapshot (phase Expired: never restored, never ``latest``).
+    """
 
     name: str
     phase: str = "Pending"  # pgherd.api.backup.BackupPhase value
@@ -136,6 +150,7 @@ class BackupView:
     completed_at: datetime | None = None
     backup_id: str | None = None
     source_member: str | None = None
+    expired_at: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,11 @@ from typing import Any
 from pgherd.api.backup import status_from_summary
 from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.engine import actions as act
+from pgherd.engine.view import JobState
 from pgherd.kube import names
 from pgherd.kube.agents import Agents
 from pgherd.kube.api import ApiError, KubeApi
-from pgherd.kube.observe import ClusterObjects, container_started, pod_ip
+from pgherd.kube.observe import ClusterObjects, container_started, job_result, job_state, pod_ip
 from pgherd.kube.restores import RestoreRecord, Restores, iso, restore_object, snapshot_to_restore
 from pgherd_backup.agent.client import AgentActionError, AgentClient, AgentError, AgentUnreachable
 from pgherd_backup.agent.wire import ActionResult, FenceRequest, Status
@@ -313,8 +314,14 @@ async def drop_slot(ctx: ActContext, action: act.DropReplicationSlot) -> None:
 
 
 async def start_snapshot(ctx: ActContext, action: act.StartSnapshot) -> None:
+    """The Backup's snapshot Job, only while the Backup, read from the API, still waits for one
+    (Pending or Running): the watch may show the Job of a Backup just failed as deleted before the
+    Backup as Failed, and a Job must not be made again for it."""
     host = ctx.member_address(action.member)
     if host is None:
+        return
+    backup = await ctx.api.find("Backup", ctx.namespace, action.backup)
+    if backup is None or (backup.get("status") or {}).get("phase", "Pending") not in ("Pending", "Running"):
         return
     job = ctx.snapshot_job(action.backup, action.member, host)
     job["metadata"].setdefault("labels", {})[names.LABEL_MEMBER] = action.member
@@ -409,12 +416,12 @@ async def update_backup(ctx: ActContext, action: act.UpdateBackup) -> None:
             backup,
             act.RecordEvent("BackupFailed", f"backup {action.name} failed: {action.error}", warning=True),
         )
+    if action.phase == "Failed":
+        await _delete_unfinished_job(ctx, action.name)
 
 
-def _snapshot_summary(ctx: ActContext, backup: str) -> JSON:
-    from pgherd.kube.observe import job_result
-
-    job = next(
+def _snapshot_job(ctx: ActContext, backup: str) -> JSON | None:
+    return next(
         (
             j
             for j in ctx.objects.jobs
@@ -422,6 +429,28 @@ def _snapshot_summary(ctx: ActContext, backup: str) -> JSON:
         ),
         None,
     )
+
+
+async def _delete_unfinished_job(ctx: ActContext, backup: str) -> None:
+    """A Failed Backup's Job that has not finished (its pod never started: backup.jobStartTimeoutSeconds)
+    is deleted with its pods (Background: a Job's API default would orphan them), rather than left
+    waiting for its 6-hour deadline. A finished Job stays: its pod's status says how it failed."""
+    job = _snapshot_job(ctx, backup)
+    if job is None or job_state(job) is not JobState.RUNNING or job["metadata"].get("deletionTimestamp"):
+        return
+    meta = job["metadata"]
+    log.info(
+        "%s/%s: deleting the snapshot Job %s of the failed Backup %s",
+        ctx.namespace,
+        ctx.cluster,
+        meta["name"],
+        backup,
+    )
+    await ctx.api.delete("Job", ctx.namespace, meta["name"], uid=meta.get("uid"), propagation="Background")
+
+
+def _snapshot_summary(ctx: ActContext, backup: str) -> JSON:
+    job = _snapshot_job(ctx, backup)
     return {} if job is None else status_from_summary(job_result(ctx.objects, job))
 
 

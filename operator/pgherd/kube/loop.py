@@ -11,6 +11,8 @@
   that passes writes the engine's status again.
 - Wakes at once on a change of the cluster or of its pods; else every ``interval`` (shorter while an
   operation is in flight: each step of a failover waits for an observation).
+- After acting: a restore's progress onto its Restore, and the Backups whose snapshot a prune Job
+  deleted marked Expired (retention.py).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from pgherd.kube.events import Events
 from pgherd.kube.objects import OwnedObjects, expand_volumes
 from pgherd.kube.observe import ClusterObjects, PodProblem, cluster_view, pod_ip, pod_problems
 from pgherd.kube.restores import Restores
+from pgherd.kube.retention import Retention
 from pgherd.kube.status import cluster_status, unchanged
 
 log = logging.getLogger("pgherd.kube.loop")
@@ -100,6 +103,7 @@ class ClusterLoop:
         self.owned = OwnedObjects(api, config)
         self.events = Events(api)
         self.restores = Restores(api, self.namespace, self.name)
+        self.retention = Retention(api, self.events, self.namespace, self.name)
         self.agents: Agents | None = None
         self.engine: EngineStatus | None = None
         self.status_doc: JSON | None = None
@@ -220,6 +224,7 @@ class ClusterLoop:
             return
         if self.holding():
             await self.restores.follow(objects, statuses)
+            await self.retention.expire(objects)
 
     async def _reconcile_objects(
         self, body: JSON, spec: PostgresClusterSpec, image: str, revision: str, objects: ClusterObjects

@@ -171,15 +171,22 @@ def members(objects: ClusterObjects, statuses: Mapping[str, Status | None]) -> l
         wanted = ordinal < objects.replicas()
         if pod is None and objects.pvc(name) is None:
             # Never created (or its volume deleted): nothing to observe, nothing that could write.
-            views.append(MemberView(name=name, ordinal=ordinal, exists=False, stopped=True))
+            views.append(MemberView(name=name, ordinal=ordinal, exists=False, stopped=True, absent=True))
             continue
         view = member_view(name, ordinal, status, resolve_upstream=resolve, process_gone=process_gone(pod))
         if status is not None and not status.data_present and status.action is None:
+            # Its agent answers for an empty volume: seeded by CreateMember, or restored into.
             view = MemberView(
-                name=name, ordinal=ordinal, exists=False, data_present=False, stopped=True, reachable=False
+                name=name,
+                ordinal=ordinal,
+                exists=False,
+                data_present=False,
+                stopped=True,
+                reachable=False,
+                fenced=status.fenced,
             )
         elif not wanted and pod is None:
-            view = MemberView(name=name, ordinal=ordinal, exists=False, stopped=True)
+            view = MemberView(name=name, ordinal=ordinal, exists=False, stopped=True, absent=True)
         views.append(view)
     return views
 
@@ -222,6 +229,7 @@ def backups(objects: ClusterObjects) -> tuple[BackupView, ...]:
                 completed_at=_time(status.get("completedAt")),
                 backup_id=status.get("backupId"),
                 source_member=status.get("sourceMember"),
+                expired_at=_time(status.get("expiredAt")),
             )
         )
     return tuple(sorted(views, key=lambda b: b.name))
@@ -250,14 +258,21 @@ def restores(objects: ClusterObjects) -> tuple[RestoreView, ...]:
     return tuple(sorted(views, key=lambda r: r.name))
 
 
-def job_result(objects: ClusterObjects, job: JSON) -> JSON:
-    """The JSON summary a Job's container left as its termination message (its last pod's), or {}."""
+def pods_of_job(objects: ClusterObjects, job: JSON) -> list[JSON]:
+    """The pods of a Job (the Job controller labels them with its name)."""
     job_name = job["metadata"]["name"]
-    found: JSON = {}
+    found = []
     for pod in objects.job_pods:
         labels = pod["metadata"].get("labels") or {}
-        if labels.get("job-name") != job_name and labels.get("batch.kubernetes.io/job-name") != job_name:
-            continue
+        if job_name in (labels.get("job-name"), labels.get("batch.kubernetes.io/job-name")):
+            found.append(pod)
+    return found
+
+
+def job_result(objects: ClusterObjects, job: JSON) -> JSON:
+    """The JSON summary a Job's container left as its termination message (its last pod's), or {}."""
+    found: JSON = {}
+    for pod in pods_of_job(objects, job):
         for container in (pod.get("status") or {}).get("containerStatuses") or []:
             terminated = (container.get("state") or {}).get("terminated") or {}
             result = parse_result(terminated.get("message"))
@@ -276,6 +291,7 @@ def jobs(objects: ClusterObjects) -> tuple[JobView, ...]:
             continue
         state = job_state(job)
         result = job_result(objects, job) if state is not JobState.RUNNING else {}
+        since, why = job_waiting(objects, job) if state is JobState.RUNNING else (None, "")
         views.append(
             JobView(
                 kind=JobKind.SNAPSHOT,
@@ -285,9 +301,69 @@ def jobs(objects: ClusterObjects) -> tuple[JobView, ...]:
                 message=str(result.get("error") or _failure_message(job) or ""),
                 backup_id=result.get("backupId") or result.get("backup_id") or result.get("id"),
                 timeline=result.get("timeline"),
+                waiting_since=since,
+                waiting_reason=why,
             )
         )
     return tuple(views)
+
+
+def pod_started(pod: JSON) -> bool:
+    """A container of the pod has run (running or terminated, now or before a restart): the pod got past
+    scheduling, its image and its Secrets."""
+    status = pod.get("status") or {}
+    if status.get("phase") in ("Running", "Succeeded", "Failed"):
+        return True
+    for container in status.get("containerStatuses") or []:
+        if {"running", "terminated"} & set(container.get("state") or {}):
+            return True
+        if (container.get("lastState") or {}).get("terminated"):
+            return True
+    return False
+
+
+def job_waiting(objects: ClusterObjects, job: JSON) -> tuple[datetime | None, str]:
+    """A running Job that waits for its pod to start: since when (the pod's creation; with no pod at
+    all, the Job's) and why, as the scheduler or the kubelet says it (pod_problems' classification;
+    else the normal wait, ContainerCreating, or the phase). (None, "") once its pod has started, between
+    two attempts, and when the watch has not shown a pod the Job counts."""
+    pods = pods_of_job(objects, job)
+    active = [
+        pod
+        for pod in pods
+        if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        and not pod["metadata"].get("deletionTimestamp")
+    ]
+    if any(pod_started(pod) for pod in active):
+        return None, ""
+    if active:  # one at a time (parallelism 1); the newest while one is replaced
+        pod = max(active, key=lambda p: str(p["metadata"].get("creationTimestamp") or ""))
+        since = _time(pod["metadata"].get("creationTimestamp"))
+        return (since, _waiting_reason(pod)) if since is not None else (None, "")
+    counted = job.get("status") or {}
+    if pods or any(int(counted.get(key) or 0) for key in ("active", "succeeded", "failed")):
+        return None, ""
+    name = job["metadata"]["name"]
+    since = _time(job["metadata"].get("creationTimestamp"))
+    why = f"no pod of Job {name}: the Job controller could not create one (kubectl describe job {name})"
+    return (since, why) if since is not None else (None, "")
+
+
+def _waiting_reason(pod: JSON) -> str:
+    problems = pod_problems_of(pod)
+    if problems:
+        return "; ".join(problem.describe() for problem in problems)
+    name = str(pod["metadata"]["name"])
+    status = pod.get("status") or {}
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            reason = condition.get("reason") or "NotScheduled"
+            return PodProblem(name, str(reason), str(condition.get("message") or "")).describe()
+    for container in status.get("containerStatuses") or []:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason"):
+            return PodProblem(name, str(waiting["reason"]), str(waiting.get("message") or "")).describe()
+    return f"pod {name}: {status.get('phase') or 'Pending'}"
 
 
 def job_state(job: JSON) -> JobState:
@@ -367,23 +443,27 @@ def pod_problems(objects: ClusterObjects) -> list[PodProblem]:
     start: unschedulable, or a container waiting for a reason that needs a person (a missing Secret or
     key: CreateContainerConfigError; ErrImagePull, ImagePullBackOff, InvalidImageName; CrashLoopBackOff;
     ...). The normal waits of a starting container are not problems."""
+    return [problem for pod in [*objects.pods, *objects.job_pods] for problem in pod_problems_of(pod)]
+
+
+def pod_problems_of(pod: JSON) -> list[PodProblem]:
+    """What the scheduler and the kubelet say of one pod that cannot start (see ``pod_problems``)."""
     found = []
-    for pod in [*objects.pods, *objects.job_pods]:
-        name = str(pod["metadata"]["name"])
-        status = pod.get("status") or {}
-        for condition in status.get("conditions") or []:
-            if (
-                condition.get("type") == "PodScheduled"
-                and condition.get("status") == "False"
-                and condition.get("reason") == "Unschedulable"
-            ):
-                found.append(PodProblem(name, "Unschedulable", str(condition.get("message") or "")))
-        for container in [
-            *(status.get("initContainerStatuses") or []),
-            *(status.get("containerStatuses") or []),
-        ]:
-            waiting = (container.get("state") or {}).get("waiting") or {}
-            reason = waiting.get("reason")
-            if reason and reason not in _STARTING:
-                found.append(PodProblem(name, str(reason), str(waiting.get("message") or "")))
+    name = str(pod["metadata"]["name"])
+    status = pod.get("status") or {}
+    for condition in status.get("conditions") or []:
+        if (
+            condition.get("type") == "PodScheduled"
+            and condition.get("status") == "False"
+            and condition.get("reason") == "Unschedulable"
+        ):
+            found.append(PodProblem(name, "Unschedulable", str(condition.get("message") or "")))
+    for container in [
+        *(status.get("initContainerStatuses") or []),
+        *(status.get("containerStatuses") or []),
+    ]:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        reason = waiting.get("reason")
+        if reason and reason not in _STARTING:
+            found.append(PodProblem(name, str(reason), str(waiting.get("message") or "")))
     return found

@@ -70,14 +70,14 @@ class RestoreRecord:
 
 
 def snapshot_to_restore(objects: ClusterObjects, backup: str | None, snapshot_id: str | None) -> str:
-    """The snapshot id (or ``latest``) of a restore order; ValueError for a Backup without a snapshot."""
+    """The snapshot id (or ``latest``) of a restore order; ValueError for a Backup without a snapshot,
+    or an Expired one (its snapshot deleted by retention)."""
 
-    def backup_id_of(name: str) -> str | None:
+    def backup_status_of(name: str) -> JSON | None:
         found = next((b for b in objects.backups if b["metadata"]["name"] == name), None)
-        backup_id = ((found or {}).get("status") or {}).get("backupId")
-        return str(backup_id) if backup_id else None
+        return None if found is None else dict(found.get("status") or {})
 
-    return restore_snapshot(backup, snapshot_id, backup_id_of)
+    return restore_snapshot(backup, snapshot_id, backup_status_of)
 
 
 class Restores:

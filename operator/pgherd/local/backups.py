@@ -5,7 +5,8 @@
 - A restore is the member's agent's own action (`restore {snapshot, target, requestId}`, the Restore's
   name as its id): the agent moves the member's data aside on its volume, restores, replays and
   promotes; the job the engine follows is what the agent's /status says of it.
-- The Backup and Restore objects' status, the verify task of a completed Backup, retention's prune task.
+- The Backup and Restore objects' status, the verify task of a completed Backup, retention's prune task
+  (and the Backups whose snapshot it deleted: phase Expired).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from pgherd.agentview import kept_aside_since, restore_job_view, restore_snapshot
-from pgherd.api.backup import status_from_summary
+from pgherd.api.backup import expired_status, retention_text, status_from_summary
 from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.engine import actions as act
 from pgherd.engine.view import BackupView, JobKind, JobState, JobView, RestoreView
@@ -29,6 +30,8 @@ from pgherd_backup.agent.client import AgentActionError, AgentClient
 from pgherd_backup.agent.wire import Status
 
 log = logging.getLogger("pgherd.sandbox")
+
+PRUNE_TASK = "prune-"  # retention's tasks: prune-<UTC stamp>
 
 
 class Members(Protocol):
@@ -85,6 +88,7 @@ class Backups:
                     completed_at=_parse_time(status.get("completedAt")),
                     backup_id=status.get("backupId"),
                     source_member=status.get("sourceMember"),
+                    expired_at=_parse_time(status.get("expiredAt")),
                 )
             )
         return views
@@ -219,7 +223,9 @@ class Backups:
         if action.keep_within is not None:
             command += ["--keep-within", action.keep_within]
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-        self.jobs.start_task(f"prune-{stamp}", command, self.env())
+        retention = retention_text(action.keep_last, action.keep_within)
+        after = action.reason.removeprefix("after ") if action.reason.startswith("after ") else None
+        self.jobs.start_task(f"{PRUNE_TASK}{stamp}", command, self.env(), retention=retention, after=after)
 
     # --- the supervisor's tick -----------------------------------------------------------------------------
     def advance_verifications(self) -> None:
@@ -240,6 +246,30 @@ class Backups:
                     verified=False,
                     error=f"verify failed: {task.error_text()}",
                 )
+
+    def advance_retention(self) -> None:
+        """Each Backup whose snapshot a finished prune task deleted becomes Expired, with when (the task's
+        end) and which retention did it: never restored again, never `latest`. Each task is read once."""
+        for task in self.jobs.tasks(PRUNE_TASK):
+            meta = task.meta
+            if task.rc is None or meta.get("expired"):
+                continue
+            deleted = (
+                set((task.stdout_json() or {}).get("deleted_snapshots") or []) if task.rc == 0 else set()
+            )
+            at = _iso(datetime.fromtimestamp((task.folder / "rc").stat().st_mtime, UTC))
+            for item in self.objects.backups():
+                status = item.get("status") or {}
+                snapshot = status.get("backupId")
+                if status.get("phase") != "Completed" or snapshot not in deleted:
+                    continue
+                name = item["metadata"]["name"]
+                fields = expired_status(
+                    str(snapshot), at, str(meta.get("retention") or "retention"), meta.get("after")
+                )
+                self.objects.update_status("Backup", name, **fields)
+                log.info("Backup %s expired: %s", name, fields["message"])
+            task.set_meta(expired=True)
 
     def advance_restores(self) -> None:
         """Restore.status.progress (bytes written of the snapshot's size) and the snapshot it resolved,
@@ -266,14 +296,14 @@ class Backups:
 
     # --- helpers ---------------------------------------------------------------------------------------------
     def snapshot_id(self, backup: str | None, snapshot_id: str | None) -> str:
-        """The snapshot a Backup name (or `latest`) stands for; ValueError for a Backup without one."""
+        """The snapshot a Backup name (or `latest`) stands for; ValueError for a Backup without one, or
+        an Expired one (its snapshot deleted by retention)."""
 
-        def backup_id_of(name: str) -> str | None:
+        def backup_status_of(name: str) -> dict[str, Any] | None:
             found = self.objects.backup(name)
-            backup_id = ((found or {}).get("status") or {}).get("backupId")
-            return str(backup_id) if backup_id else None
+            return None if found is None else dict(found.get("status") or {})
 
-        return restore_snapshot(backup, snapshot_id, backup_id_of)
+        return restore_snapshot(backup, snapshot_id, backup_status_of)
 
     def kept_aside_since(self, since: float) -> list[str]:
         """Data directories kept aside on the members' volumes since `since` (by a restore or a
@@ -282,6 +312,10 @@ class Backups:
             return []
         kept = [str(path) for path in sorted(self.paths.members.glob("*/kept/*"))]
         return kept_aside_since(kept, datetime.fromtimestamp(since, UTC))
+
+
+def _iso(at: datetime) -> str:
+    return at.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 def _parse_time(value: str | None) -> datetime | None:

@@ -129,6 +129,16 @@ class LocalJobs:
         """A side task (verify, prune): run like a job, but not one the engine follows."""
         return Job(JobKind.SNAPSHOT, name, self.paths.jobs / f"task-{name}")
 
+    def tasks(self, prefix: str) -> list[Job]:
+        """The side tasks whose name starts with ``prefix``, oldest name first."""
+        if not self.paths.jobs.is_dir():
+            return []
+        return [
+            self.task(folder.name.removeprefix("task-"))
+            for folder in sorted(self.paths.jobs.glob(f"task-{prefix}*"))
+            if folder.is_dir()
+        ]
+
     def start_task(self, name: str, command: Sequence[str], env: Mapping[str, str], **meta: Any) -> Job:
         return self._launch(self.task(name), command, env, **meta)
 

@@ -69,6 +69,10 @@ class SandboxPaths:
     def member_data(self, name: str) -> Path:
         return self.members / name / "data"
 
+    def member_held(self, name: str) -> Path:
+        """Present while the member's pod may not start (`sandbox kill --keep-down`: its node is gone)."""
+        return self.members / name / "keep-down"
+
     def member_state(self, name: str) -> Path:
         return self.members / name / "member.json"
 

@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from pgherd.agentview import fetch_statuses, member_view, port_resolver
@@ -54,6 +55,9 @@ log = logging.getLogger("pgherd.sandbox")
 LIVENESS_PERIOD = 2.0
 LIVENESS_FAILURES = 3
 FENCE_TIMEOUT = 30.0  # a fence answers once PostgreSQL stopped: CHECKPOINT + fast shutdown, bounded
+# An agent that does not answer a fence this long after its pod started is hung: its pod is killed.
+# Before that it is starting (it listens within a second or two): never killed, asked again.
+AGENT_START_GRACE = 30.0
 
 # Settings that make a local member fail over and catch up quickly (the spec's parameters win).
 FAST_SETTINGS: dict[str, Setting] = {
@@ -223,7 +227,13 @@ class LocalPlatform:
         tmp.write_text("".join(lines))
         os.replace(tmp, path)
 
+    def held(self, name: str) -> bool:
+        """Its pod may not start (`sandbox kill --keep-down`): as a pod no node can take."""
+        return self.paths.member_held(name).exists()
+
     def _start_pod(self, member: MemberState, spec: PostgresClusterSpec | None = None) -> None:
+        if self.held(member.name):
+            return
         if spec is not None:
             self._write_parameters(member.name, spec)
         pid = self.pods.start(member.name, member.ordinal, member.revision, member.seed, self.state.s3.env())
@@ -252,7 +262,7 @@ class LocalPlatform:
                 member.save(self.paths)
                 log.info("the agent of %s is down: restarting it in %.0fs", name, self.state.restart_delay)
                 continue
-            if now >= member.restart_at:
+            if now >= member.restart_at and not self.held(name):
                 member.restart_at = None
                 member.restarts += 1
                 member.save(self.paths)
@@ -297,6 +307,9 @@ class LocalPlatform:
     def advance_verifications(self) -> None:
         self.backups.advance_verifications()
 
+    def advance_retention(self) -> None:
+        self.backups.advance_retention()
+
     def kept_aside_since(self, since: float) -> list[str]:
         return self.backups.kept_aside_since(since)
 
@@ -315,19 +328,25 @@ class LocalPlatform:
         seen: dict[str, Observation] = {}
         for member in ordered:
             status = statuses.get(member.name)
-            views.append(
-                member_view(
-                    member.name,
-                    member.ordinal,
-                    status,
-                    resolve_upstream=resolve,
-                    process_gone=not alive[member.name],
-                )
+            view = member_view(
+                member.name,
+                member.ordinal,
+                status,
+                resolve_upstream=resolve,
+                process_gone=not alive[member.name],
             )
+            if not alive[member.name] and self._volume_lost(member.name):
+                view = replace(view, data_present=False)  # the platform sees its volume gone
+            views.append(view)
             seen[member.name] = observation(status)
             if status is not None:
                 self._remember(member, status)
         return views, seen
+
+    def _volume_lost(self, name: str) -> bool:
+        """The member's data directory is gone or empty (a lost volume), seen while its pod is down."""
+        pgdata = self.paths.member_data(name)
+        return not pgdata.exists() or is_empty(pgdata)
 
     def _remember(self, member: MemberState, status: Status) -> None:
         """What the status file shows (fenced, revision), and the end of the member's seeding."""
@@ -443,6 +462,11 @@ class LocalPlatform:
         try:
             result = self.client(name).act(FenceRequest(reason=action.reason), timeout=FENCE_TIMEOUT)
         except AgentUnreachable as exc:
+            started = self.pods.started_at(name)
+            if started is not None and time.time() - started < AGENT_START_GRACE:
+                # Starting: it does not run PostgreSQL read-write on its own; asked again next tick.
+                log.info("fencing %s: its agent is starting (%s): asking again", name, exc)
+                return
             log.warning("fencing %s: its agent does not answer (%s): killing its pod", name, exc)
             self.pods.kill(name)
             return
@@ -544,8 +568,8 @@ class LocalPlatform:
         if name == action.upstream:
             log.error("refusing to rejoin %s to itself (%s)", name, action.reason)
             return
-        if not self.pods.running(name):
-            return  # its pod is being restarted: the engine asks again
+        if not self.pods.running(name) or self._statuses.get(name) is None:
+            return  # its pod is being restarted, or its agent starting: the engine asks again
         client = self.client(name)
         upstream = self._address(action.upstream)
         self._spawn(

@@ -222,6 +222,13 @@ class Pods:
     def running(self, name: str) -> bool:
         return self.pid(name) is not None
 
+    def started_at(self, name: str) -> float | None:
+        """When the member's agent was last started (wall time), None if never."""
+        try:
+            return self.pid_file(name).stat().st_mtime
+        except OSError:
+            return None
+
     def stop(self, name: str, bound: float = STOP_BOUND) -> None:
         """SIGTERM (a clean shutdown of PostgreSQL), then SIGKILL of the pod after `bound`."""
         pid = self.pid(name)

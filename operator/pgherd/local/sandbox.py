@@ -71,11 +71,16 @@ class Sandbox:
             raise SandboxError(
                 "`sandbox up` needs a PostgresCluster manifest (apply Backups and Restores later)"
             )
-        store = ((manifest.get("spec") or {}).get("backup") or {}).get("store")
+        from pgherd.api.admission import admit  # here: `status` and `down` need no pydantic nor CEL
+
+        spec_doc = manifest.get("spec")
+        backup_doc = spec_doc.get("backup") if isinstance(spec_doc, dict) else None
+        store = backup_doc.get("store") if isinstance(backup_doc, dict) else None
+        s3_doc = store.get("s3") if isinstance(store, dict) else None
+        if not all(isinstance(part, dict | None) for part in (spec_doc, backup_doc, store, s3_doc)):
+            admit(manifest)  # not an object where the schema wants one: refused, naming the field
         if store is None:
             _require_embedded_s3()  # before anything is written: the supervisor would die at start-up
-        self.root.mkdir(parents=True, exist_ok=True)
-        grant_traverse(self.root)
         s3_port = free_port()
         if store is None:
             # The embedded S3 server becomes the store, before admission: rules that need a store
@@ -89,7 +94,8 @@ class Sandbox:
             )
             store_url = f"s3://{EMBEDDED_BUCKET}/sandbox"
             manifest = copy.deepcopy(manifest)
-            backup = manifest.setdefault("spec", {}).setdefault("backup", {})
+            spec_copy = manifest["spec"] = dict(manifest.get("spec") or {})
+            backup = spec_copy["backup"] = dict(spec_copy.get("backup") or {})
             backup["store"] = {
                 "s3": {
                     "bucket": EMBEDDED_BUCKET,
@@ -100,7 +106,7 @@ class Sandbox:
                 }
             }
         else:
-            s3_spec = store.get("s3") or {}
+            s3_spec = s3_doc or {}
             access = os.environ.get("AWS_ACCESS_KEY_ID")
             secret = os.environ.get("AWS_SECRET_ACCESS_KEY")
             if not access or not secret:
@@ -117,9 +123,9 @@ class Sandbox:
                 embedded=False,
             )
             store_url = f"s3://{s3_spec.get('bucket')}/{s3_spec.get('path', '')}".rstrip("/")
-        from pgherd.api.admission import admit  # here: `status` and `down` need no pydantic nor CEL
-
-        admitted = admit(manifest)
+        admitted = admit(manifest)  # before anything is written: a refused manifest leaves no directory
+        self.root.mkdir(parents=True, exist_ok=True)
+        grant_traverse(self.root)
         name = admitted["metadata"]["name"]
         spec = admitted["spec"]
         initdb = ((spec.get("bootstrap") or {}).get("initdb")) or {}
@@ -247,25 +253,38 @@ class Sandbox:
         if manifest.get("kind") == "PostgresCluster":
             stored = self.objects.cluster()
             store = ((stored.get("spec") or {}).get("backup") or {}).get("store")
-            manifest = copy.deepcopy(manifest)
-            spec = manifest.setdefault("spec", {})
-            if store is not None and not (spec.get("backup") or {}).get("store"):
-                spec.setdefault("backup", {})["store"] = store  # keep the embedded store
+            spec = manifest.get("spec") or {}
+            backup = (spec.get("backup") or {}) if isinstance(spec, dict) else None
+            if store is not None and isinstance(backup, dict) and not backup.get("store"):
+                # keep the embedded store (anything not an object is left to admission to refuse)
+                manifest = {**manifest, "spec": {**spec, "backup": {**backup, "store": store}}}
         return self.objects.apply(manifest)
 
-    def kill(self, member: str, *, wipe: bool = False, postgres_only: bool = False) -> None:
+    def kill(
+        self, member: str, *, wipe: bool = False, postgres_only: bool = False, keep_down: bool = False
+    ) -> None:
         """kill -9 a member: its agent and PostgreSQL together (a lost pod), or with ``postgres_only``
-        PostgreSQL alone (a crashed server under a live agent); ``wipe``: its data directory too."""
+        PostgreSQL alone (a crashed server under a live agent); ``wipe``: its data directory too;
+        ``keep_down``: its pod is not started again until start() (it cannot be scheduled)."""
         from pgherd.local.pods import kill_pod
 
-        state = self.state()
-        folder = self.paths.member_dir(member)
-        known = MemberState.load(self.paths, member)
-        if known is None or not folder.exists():
-            raise SandboxError(f"no member {member!r} in cluster {state.cluster}")
+        self._member(member)
+        if keep_down:
+            self.paths.member_held(member).touch()
         kill_pod(self.paths, member, postgres_only=postgres_only)
         if wipe:
             shutil.rmtree(self.paths.member_data(member), ignore_errors=True)
+
+    def start(self, member: str) -> None:
+        """Let a member kept down by kill(keep_down=True) start again: the platform restarts its pod."""
+        self._member(member)
+        self.paths.member_held(member).unlink(missing_ok=True)
+
+    def _member(self, member: str) -> None:
+        state = self.state()
+        known = MemberState.load(self.paths, member)
+        if known is None or not self.paths.member_dir(member).exists():
+            raise SandboxError(f"no member {member!r} in cluster {state.cluster}")
 
     def switchover(self, to: str | None, *, timeout: float = 90) -> dict[str, Any]:
         before = self.status()

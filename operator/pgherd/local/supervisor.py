@@ -155,6 +155,7 @@ class Supervisor:
         if not spec.paused:
             self.platform.keep_running(spec)
             self.platform.advance_restores(spec)
+            self.platform.advance_retention()  # first: a snapshot retention deleted fails no verify
             self.platform.advance_verifications()
         # One snapshot of the request per tick: a request written during this tick waits for the next.
         request = self.objects.switchover_request()

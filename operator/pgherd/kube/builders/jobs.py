@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from pgherd.api.cluster import S3Store
+from pgherd.api.cluster import SNAPSHOT_DEADLINE_SECONDS, S3Store
 from pgherd.kube import names
 from pgherd.kube.builders.common import (
     ClusterRef,
@@ -36,8 +36,10 @@ CONTAINER_SNAPSHOT = "snapshot"
 CONTAINER_PRUNE = "prune"
 # A failed snapshot is tried again twice (a new pod, a new upload: a failed one leaves nothing behind).
 BACKOFF_LIMIT = 2
-# A snapshot of a large database streams for hours; six hours bound one that hangs.
-SNAPSHOT_DEADLINE_SECONDS = 6 * 3600
+# A snapshot of a large database streams for hours; six hours (SNAPSHOT_DEADLINE_SECONDS, from the API:
+# also the bound of backup.jobStartTimeoutSeconds) bound one that hangs. A pod that cannot start fails
+# its Backup much sooner, after backup.jobStartTimeoutSeconds (the operator deletes the Job then).
+
 # Pruning lists and deletes objects: an hour is plenty.
 PRUNE_DEADLINE_SECONDS = 3600
 
