@@ -63,8 +63,15 @@ def restored_with_members(running: int, absent: Iterable[str]) -> Callable[[Clus
 
 
 def check_rows(cluster: Driver, status: ClusterStatus, ids: list[int], write_id: int) -> None:
-    """The Backup's rows on the primary and every running member, and a write accepted."""
-    assert set(ids) <= present_ids(cluster.rw_dsn()), "the Backup's rows are missing"
+    """The Backup's rows on the primary and every running member, and a write accepted (through the rw
+    endpoint, once it selects the new primary: on Kubernetes its pod's readiness probe comes after)."""
+
+    def rows_through_rw(_: ClusterStatus) -> bool:
+        missing = set(ids) - present_ids(cluster.rw_dsn())
+        assert not missing, f"the Backup's rows are missing: {sorted(missing)[:10]}"
+        return True
+
+    cluster.wait_for(rows_through_rw, 60, "the rw endpoint to answer")
     for name in running_members(status):
         wait_ids_on_member(cluster, name, ids, timeout=60)
     insert_ids(cluster.rw_dsn(), [write_id])

@@ -137,6 +137,7 @@ class KubeDriver(PollingDriver):
         self._store = store
         self._credentials: dict[str, str] | None = None
         self._applied = 0
+        self._kept_down: set[str] = set()
 
     # -- what a concrete driver provides ---------------------------------------------------------------
 
@@ -234,7 +235,13 @@ class KubeDriver(PollingDriver):
             found.append(entry)
         return found
 
-    def kill(self, member: str, wipe: bool = False) -> None:
+    def kill(self, member: str, wipe: bool = False, keep_down: bool = False) -> None:
+        """The pod deleted at once (grace 0), and with wipe its PVC: the StatefulSet makes a new, empty
+        one. With keep_down, every node is cordoned first: the pod made again stays Pending,
+        unschedulable, until bring_back()."""
+        if keep_down:
+            self._kept_down.add(member)
+            self._cordon(True)
         claims: dict[str, str | None] = {}
         if wipe:
             pod = self.get("pods", member)
@@ -265,6 +272,16 @@ class KubeDriver(PollingDriver):
                 self.kube.run(
                     "-n", self.namespace, "delete", "pod", member, "--grace-period=0", "--force", "--wait=false"
                 )  # fmt: skip
+
+    def bring_back(self, member: str) -> None:
+        self._kept_down.discard(member)
+        if not self._kept_down:
+            self._cordon(False)
+
+    def _cordon(self, cordoned: bool) -> None:
+        nodes = [n["metadata"]["name"] for n in self.kube.json("get", "nodes")["items"]]
+        for node in nodes:
+            self.kube.run("cordon" if cordoned else "uncordon", node)
 
     def _claim_uid(self, claim: str) -> str | None:
         try:

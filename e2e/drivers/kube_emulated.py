@@ -171,7 +171,7 @@ class KubeEmulatedDriver(KubeDriver):
                 f"{stamp} {service} -> {chosen[0]}:{chosen[1]} (selected: {', '.join(seen) or 'none'})\n"
             )
 
-    def kill(self, member: str, wipe: bool = False) -> None:
+    def kill(self, member: str, wipe: bool = False, keep_down: bool = False) -> None:
         """kill -9 of the pod's processes (its agent, PostgreSQL and their children, all at once): the
         container dies and the kubelet starts it again after its back-off (`--restart-delay`, the local
         driver's restart delay). With wipe, then the kind driver's PVC and pod deletion: the recreated
@@ -189,8 +189,8 @@ class KubeEmulatedDriver(KubeDriver):
             root / "pods" / self.namespace / f"{member}-{pod['metadata']['uid'][:8]}",
             *(root / "volumes" / self.namespace / claim for claim in claims),
         )
-        if wipe:
-            super().kill(member, wipe=True)
+        if wipe or keep_down:
+            super().kill(member, wipe=wipe, keep_down=keep_down)
 
     # -- the operator and connections --------------------------------------------------------------------
 

@@ -6,7 +6,16 @@ from dataclasses import replace
 from datetime import timedelta
 
 from pgherd.api.cluster import Phase, PostgresClusterSpec
-from pgherd.engine import BackupView, ClusterView, EngineStatus, RestoreView, decide
+from pgherd.engine import (
+    BackupView,
+    ClusterView,
+    EngineStatus,
+    JobKind,
+    JobState,
+    JobView,
+    RestoreView,
+    decide,
+)
 from pgherd.engine.conditions import ConditionType
 from pgherd.engine.plan import Decision
 
@@ -51,7 +60,12 @@ def scenarios() -> dict[Phase, Decision]:
     out[Phase.RECOVERING] = _twice(recover, with_backup, status, 60)
     restore = replace(view, backups=with_backup.backups, restores=(RestoreView("r", backup="b"),))
     out[Phase.RESTORING] = decide(spec, restore, status)
-    out[Phase.FAILED] = decide(spec, replace(view, restores=(RestoreView("r", backup="missing"),)), status)
+    # A restore whose job failed (a refused Restore fails alone: the cluster is never Failed for it).
+    restoring = out[Phase.RESTORING].status
+    fenced = with_members(restore, *[replace(down(m), fenced=True, stopped=True) for m in view.members])
+    started = decide(spec, later(fenced, 1), restoring)
+    job = JobView(JobKind.RESTORE, "r", JobState.FAILED, member="pg-0", message="checksum mismatch")
+    out[Phase.FAILED] = decide(spec, replace(later(fenced, 2), jobs=(job,)), started.status)
     return out
 
 

@@ -921,3 +921,22 @@ def test_resolve_image():
     assert resolve_image(spec, "", "registry/pgherd:1.0") == "registry/pgherd:1.0"
     pinned = PostgresClusterSpec.model_validate({"postgresVersion": 15, "image": "mine:16"})
     assert resolve_image(pinned, "registry/pgherd:1.0-pg{major}", "d") == "mine:16"
+
+
+def test_agent_secrets_for_a_long_cluster_and_namespace_name() -> None:
+    """A member's DNS name in a long namespace exceeds X.509's 64-character common name: the certificate
+    is still made (the names are in its subject alternative names, which clients check). The operator
+    crashed on it in a loop (ValueError from cryptography) for cluster e2e-autorecover-faults."""
+    from cryptography import x509
+
+    from pgherd.kube.builders import secrets as secret_builders
+
+    cluster, namespace = "e2e-autorecover-faults", "pgherd-e2e-e2e-autorecover-faults"
+    data = secret_builders.generate_agent_data(
+        cluster, namespace, secret_builders.generate_operator_data(cluster)
+    )
+    cert = x509.load_pem_x509_certificate(data[secret_builders.names.KEY_TLS_CERT].encode())
+    alt = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    dns = set(alt.get_values_for_type(x509.DNSName))
+    wanted = set(secret_builders.agent_server_names(cluster, namespace))
+    assert wanted <= dns and any(len(name) > 64 for name in wanted)

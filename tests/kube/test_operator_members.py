@@ -66,6 +66,8 @@ class Bed:
     store_path: str
     operator: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     phases: list[str] = field(default_factory=list)  # every status.phase written, in order (watch_phases)
+    # every QuorumHealthy condition status written, with the phase of that write (watch_phases)
+    quorum: list[tuple[str, str]] = field(default_factory=list)
 
     def watch_phases(self) -> None:
         """Record the phase of every write of the cluster (a watch stream, in a daemon thread): a phase
@@ -79,9 +81,15 @@ class Bed:
             request = urllib.request.Request(url, headers={"Authorization": f"Bearer {PERSON_TOKEN}"})
             with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(request) as stream:
                 for line in stream:
-                    phase = ((json.loads(line)["object"].get("status") or {}).get("phase")) or ""
+                    status = json.loads(line)["object"].get("status") or {}
+                    phase = status.get("phase") or ""
                     if not self.phases or self.phases[-1] != phase:
                         self.phases.append(phase)
+                    healthy = next(
+                        (c for c in status.get("conditions") or [] if c.get("type") == "QuorumHealthy"), None
+                    )
+                    if healthy is not None:
+                        self.quorum.append((phase, str(healthy.get("status"))))
 
         threading.Thread(target=run, name="phases", daemon=True).start()
 
@@ -267,7 +275,7 @@ def replica_of(status: dict[str, Any]) -> str:
 def test_the_switchover_annotation_runs_to_completion(bed: Bed) -> None:
     before = bed.wait_settled()
     target = replica_of(before)
-    seen = len(bed.phases)
+    seen, seen_quorum = len(bed.phases), len(bed.quorum)
     bed.server.merge(
         "postgresclusters", NS, NAME, {"metadata": {"annotations": {names.ANNOTATION_SWITCHOVER: target}}}
     )
@@ -283,6 +291,9 @@ def test_the_switchover_annotation_runs_to_completion(bed: Bed) -> None:
     assert event["type"] == "Normal"
     # The members re-pointed at the new primary stayed observed: the quorum was never reported lost.
     assert "QuorumLost" not in bed.phases[seen:], bed.phases[seen:]
+    # Nor was QuorumHealthy written False at any step of the planned switchover.
+    during = bed.quorum[seen_quorum:]
+    assert during and all(healthy == "True" for _, healthy in during), during
     bed.sql(target, "INSERT INTO marks VALUES (2, 'switched over')")
 
 
@@ -518,6 +529,7 @@ def test_a_restore_completes_in_place(bed: Bed) -> None:
 
 def test_a_restore_of_a_failed_backup_fails_with_an_event_and_changes_nothing(bed: Bed) -> None:
     before = bed.wait_settled()
+    seen = len(bed.phases)
     bed.server.create(
         {
             "apiVersion": names.API_VERSION,
@@ -532,6 +544,8 @@ def test_a_restore_of_a_failed_backup_fails_with_an_event_and_changes_nothing(be
     assert event["type"] == "Warning" and event["regarding"]["kind"] == "Restore"
     after = bed.wait_settled()
     assert after["currentPrimary"] == before["currentPrimary"] and after["timeline"] == before["timeline"]
+    # The Restore failed; the cluster never did, not even for one write of its status.
+    assert "Failed" not in bed.phases[seen:], bed.phases[seen:]
 
 
 def test_retention_expires_a_backup_and_a_restore_naming_it_is_refused(bed: Bed) -> None:

@@ -198,6 +198,16 @@ def test_the_console_script_answers_malformed_yaml_with_one_line(tmp_path: Path)
         assert not sandbox.exists()
 
 
+def test_a_reader_that_goes_away_gets_no_traceback() -> None:
+    """`pgherd crds | head -1` (or `sandbox status --json | grep -q`): the pipe closes early."""
+    pgherd = str(Path(sys.executable).parent / "pgherd")
+    command = f"'{pgherd}' crds | true"  # the reader is gone before the first write
+    result = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", command], capture_output=True, text=True, timeout=60
+    )
+    assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr, result.stderr
+
+
 @pytest.mark.parametrize(
     ("change", "field"),
     [

@@ -43,13 +43,22 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
+# X.509 caps a common name at 64 characters; a member's DNS name in a long namespace is longer. Clients
+# check the subject alternative names (which hold every name in full), never the common name.
+_COMMON_NAME_MAX = 64
+
+
+def _common_name(text: str) -> str:
+    return text[:_COMMON_NAME_MAX]
+
+
 def make_ca(cluster: str, *, days: int = CA_DAYS) -> tuple[bytes, bytes]:
     """A new CA for `cluster`: (certificate PEM, private key PEM)."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name(
         [
             x509.NameAttribute(NameOID.ORGANIZATION_NAME, "pgherd"),
-            x509.NameAttribute(NameOID.COMMON_NAME, f"pgherd agents of {cluster}"),
+            x509.NameAttribute(NameOID.COMMON_NAME, _common_name(f"pgherd agents of {cluster}")),
         ]
     )
     now = _now()
@@ -124,7 +133,7 @@ def make_server_cert(
             x509.Name(
                 [
                     x509.NameAttribute(NameOID.ORGANIZATION_NAME, "pgherd"),
-                    x509.NameAttribute(NameOID.COMMON_NAME, member),
+                    x509.NameAttribute(NameOID.COMMON_NAME, _common_name(member)),
                 ]
             )
         )

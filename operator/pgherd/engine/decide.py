@@ -66,7 +66,16 @@ def _route(ctx: Context) -> Outcome:
         return recovery.advance(ctx, operation)
     restore = recovery.pending_restore(ctx)
     if restore is not None:
-        return recovery.start_restore(ctx, restore)
+        refused = recovery.refusal(ctx, restore)
+        if refused is None:
+            return recovery.start_restore(ctx, restore)
+        # The Restore fails; the cluster is decided as if it had never been asked for.
+        others = tuple(r for r in ctx.view.restores if r.name != restore.name)
+        rest = _route(replace(ctx, view=replace(ctx.view, restores=others)))
+        note = f"Restore {restore.name} refused: {refused.error}"
+        return replace(
+            rest, actions=(refused, *rest.actions), message="; ".join(m for m in (rest.message, note) if m)
+        )
     if operation is not None and operation.kind is OperationKind.FAILOVER:
         return failover.advance(ctx, operation)
     if operation is not None and operation.kind is OperationKind.SWITCHOVER:
@@ -164,6 +173,18 @@ def _quorum_commit(ctx: Context) -> Condition:
     return false(ConditionType.QUORUM_COMMIT, "Async", "replication.mode is async")
 
 
+def _quorum_members(ctx: Context) -> set[str]:
+    """The voters that count for QuorumHealthy: those reachable, and the old primary a switchover stopped
+    on purpose (fenced, stopped cleanly): it holds every commit and is handed over, not lost."""
+    counted = {m.name for m in ctx.reachable_voters()}
+    operation = ctx.status.operation
+    if operation is not None and operation.step.startswith("switchover-") and operation.source:
+        old = ctx.view.member(operation.source)
+        if old is not None and old.name in ctx.status.voters and old.fenced and old.stopped:
+            counted.add(old.name)
+    return counted
+
+
 def _conditions(ctx: Context, phase: Phase, outcome: Outcome) -> tuple[Condition, ...]:
     status = ctx.status
     out: list[Condition] = []
@@ -176,21 +197,24 @@ def _conditions(ctx: Context, phase: Phase, outcome: Outcome) -> tuple[Condition
         out.append(true(ConditionType.PRIMARY_AVAILABLE, "Available", primary.name))
     else:
         out.append(false(ConditionType.PRIMARY_AVAILABLE, "Unavailable", f"primary {status.current_primary}"))
-    reachable, needed = len(ctx.reachable_voters()), ctx.needed()
+    reachable, needed = len(_quorum_members(ctx)), ctx.needed()
     steady = (
         status.current_primary is not None
         and status.sync_pending is None
         and status.sync == steady_config(status.voters, status.current_primary, ctx.quorum_mode)
     )
-    if status.voters and reachable >= needed and steady:
-        out.append(
-            true(ConditionType.QUORUM_HEALTHY, "QuorumHealthy", f"{reachable} of {len(status.voters)}")
+    # A majority reachable is a healthy quorum, also while the synchronous standbys are being changed
+    # (scaling, a switchover): planned work never turns it False.
+    if status.voters and reachable >= needed:
+        reason, note = (
+            ("QuorumHealthy", "") if steady else ("Reconfiguring", "; synchronous standbys changing")
         )
-    elif status.voters and reachable < needed:
+        out.append(true(ConditionType.QUORUM_HEALTHY, reason, f"{reachable} of {len(status.voters)}{note}"))
+    elif status.voters:
         message = f"{reachable} of {len(status.voters)} members reachable, {needed} needed"
         out.append(false(ConditionType.QUORUM_HEALTHY, "QuorumLost", message))
     else:
-        out.append(false(ConditionType.QUORUM_HEALTHY, "Reconfiguring", "synchronous standbys being changed"))
+        out.append(false(ConditionType.QUORUM_HEALTHY, "Initializing", "no member holds the data yet"))
     out.append(_quorum_commit(ctx))
     if status.operation is not None:
         out.append(true(ConditionType.PROGRESSING, str(status.operation.kind), status.operation.step))

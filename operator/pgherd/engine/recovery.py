@@ -125,17 +125,17 @@ def _target_text(restore: RestoreView) -> str | None:
     return None
 
 
+def refusal(ctx: Context, restore: RestoreView) -> UpdateRestore | None:
+    """The Restore's own failure when it cannot be carried out (its Backup missing, not Completed,
+    Expired): the Restore fails at once and the cluster goes on as it was (never Failed for it)."""
+    if restore.backup is None:
+        return None
+    error = unrestorable(ctx.view.backup(restore.backup), restore.backup)
+    return None if error is None else UpdateRestore(restore.name, RestorePhase.FAILED, error=error)
+
+
 def start_restore(ctx: Context, restore: RestoreView) -> Outcome:
-    """A Restore object asks for an in-place restore: validate it, record the operation, begin."""
-    if restore.backup is not None:
-        error = unrestorable(ctx.view.backup(restore.backup), restore.backup)
-        if error is not None:
-            return Outcome(
-                Phase.FAILED,
-                ctx.status,
-                (UpdateRestore(restore.name, RestorePhase.FAILED, error=error),),
-                message=f"Restore {restore.name}: {error}",
-            )
+    """A Restore object asks for an in-place restore (one refusal() accepts): record the operation, begin."""
     operation = Operation(
         OperationKind.RESTORE,
         started_at=ctx.now,
@@ -287,7 +287,8 @@ def _rebuild(ctx: Context, operation: Operation, phase: Phase) -> Outcome:
     message = f"{operation.kind} {operation.restore} completed"
     if absent:
         message += f"; {', '.join(absent)} not running: rebuilt from {primary.name} when they return"
-    return Outcome(phase, status, tuple(actions), message)
+    # Done: the phase is the cluster's own again (Running, or Degraded while members are missing).
+    return Outcome(upkeep.phase, status, tuple(actions), message)
 
 
 def _absent(ctx: Context, name: str) -> bool:

@@ -45,6 +45,7 @@ from pgherd.kube.observe import ClusterObjects, PodProblem, cluster_view, pod_ip
 from pgherd.kube.restores import Restores
 from pgherd.kube.retention import Retention
 from pgherd.kube.status import cluster_status, unchanged
+from pgherd.kube.volumes import Volumes
 
 log = logging.getLogger("pgherd.kube.loop")
 
@@ -103,6 +104,7 @@ class ClusterLoop:
         self.owned = OwnedObjects(api, config)
         self.events = Events(api)
         self.restores = Restores(api, self.namespace, self.name)
+        self.volumes = Volumes(api, self.namespace, self.name)
         self.retention = Retention(api, self.events, self.namespace, self.name)
         self.agents: Agents | None = None
         self.engine: EngineStatus | None = None
@@ -138,6 +140,7 @@ class ClusterLoop:
             self.status_doc = dict(fresh.get("status") or {})
             self.engine = EngineStatus.from_dict((self.status_doc or {}).get("engine") or {})
             self.restores.load(fresh)
+            self.volumes.load(fresh)
         try:
             spec, image, revision = self._spec(body)
         except ValidationError as exc:
@@ -172,6 +175,7 @@ class ClusterLoop:
             datetime.now(UTC),
             switchover_to=switchover_to,
             extra_jobs=self.restores.job_views(statuses, observed_at),
+            lost_volumes=self.volumes.lost(objects),
         )
         assert self.engine is not None
         decision = decide(spec, view, self.engine)
@@ -223,6 +227,7 @@ class ClusterLoop:
             self.engine = None
             return
         if self.holding():
+            await self.volumes.remember(objects, statuses)
             await self.restores.follow(objects, statuses)
             await self.retention.expire(objects)
 

@@ -35,6 +35,8 @@ ANNOTATION_SWITCHOVER = "pgherd.io/switchover-to"  # <member> | any, on the Post
 ANNOTATION_REVISION = LABEL_REVISION
 # On the PostgresCluster: the restore a member's agent took (JSON: restore, member, startedAt); see restores.py.
 ANNOTATION_RESTORE = "pgherd.io/restore-job"
+# On the PostgresCluster: the PVC uid each member's data was seen on (JSON); see volumes.py.
+ANNOTATION_VOLUMES = "pgherd.io/volumes"
 
 # kopf's own bookkeeping, under pgherd.io names.
 FINALIZER = "pgherd.io/finalizer"

@@ -17,8 +17,8 @@ The rules that matter for safety:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Set
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -161,7 +161,11 @@ def upstream_resolver(objects: ClusterObjects) -> Callable[[str], str | None]:
     return resolve
 
 
-def members(objects: ClusterObjects, statuses: Mapping[str, Status | None]) -> list[MemberView]:
+def members(
+    objects: ClusterObjects, statuses: Mapping[str, Status | None], lost_volumes: Set[str] = frozenset()
+) -> list[MemberView]:
+    """The members' views. ``lost_volumes``: members whose volume that held their data is gone (see
+    volumes.py): evidence of lost data while nothing of them runs to say so."""
     resolve = upstream_resolver(objects)
     views: list[MemberView] = []
     for name in objects.member_names():
@@ -187,6 +191,8 @@ def members(objects: ClusterObjects, statuses: Mapping[str, Status | None]) -> l
             )
         elif not wanted and pod is None:
             view = MemberView(name=name, ordinal=ordinal, exists=False, stopped=True, absent=True)
+        if view.absent and name in lost_volumes:
+            view = replace(view, data_present=False)
         views.append(view)
     return views
 
@@ -408,12 +414,13 @@ def cluster_view(
     *,
     switchover_to: str | None,
     extra_jobs: Iterable[JobView] = (),
+    lost_volumes: Set[str] = frozenset(),
 ) -> ClusterView:
     meta = objects.cluster["metadata"]
     return ClusterView(
         cluster=objects.name,
         now=now,
-        members=tuple(members(objects, statuses)),
+        members=tuple(members(objects, statuses, lost_volumes)),
         backups=backups(objects),
         restores=restores(objects),
         jobs=jobs(objects) + tuple(extra_jobs),
