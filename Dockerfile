@@ -77,7 +77,14 @@ RUN --mount=type=secret,id=pip-ca set -eu; \
         tar -xzf "$work/postgresql.tar.gz" -C "/usr/lib/postgresql/$PG_MAJOR" --strip-components=1 \
             --no-same-owner --no-same-permissions; \
         rm -rf "$work"; \
-        if ldd "$bindir"/* | grep "not found"; then echo "libraries missing (above)" >&2; exit 1; fi; \
+        # Its own libraries (libpq for libpqwalreceiver, which a standby loads) where the loader looks;
+        # the procedural languages and their transforms (python, perl, tcl) need their interpreters: unchecked.
+        echo "/usr/lib/postgresql/$PG_MAJOR/lib" > "/etc/ld.so.conf.d/postgresql-$PG_MAJOR.conf"; \
+        ldconfig; \
+        modules=$(ls "/usr/lib/postgresql/$PG_MAJOR/lib/"*.so | grep -Ev 'python|perl|tcl'); \
+        if ldd "$bindir"/* $modules | grep "not found"; then \
+            echo "libraries missing (above)" >&2; exit 1; \
+        fi; \
     fi; \
     "$bindir/postgres" --version | grep -q " $PG_MAJOR\."
 

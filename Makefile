@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml constraints.txt
 setup: $(STAMP)
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-helm.sh
+	bash scripts/ensure-localkube.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check operator backup tests e2e bench scripts

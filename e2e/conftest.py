@@ -45,11 +45,15 @@ def make_driver(workdir: Path, cluster_name: str) -> Driver:
         from e2e.drivers.kind import KindDriver
 
         return KindDriver(workdir, cluster_name)
+    if kind == "localkube":
+        from e2e.drivers.localkube import LocalKubeDriver
+
+        return LocalKubeDriver(workdir, cluster_name)
     if kind == "kube-emulated":
         from e2e.drivers.kube_emulated import KubeEmulatedDriver
 
         return KubeEmulatedDriver(workdir, cluster_name)
-    raise pytest.UsageError(f"{DRIVER_ENV}={kind!r}: choose local, kube-emulated or kind")
+    raise pytest.UsageError(f"{DRIVER_ENV}={kind!r}: choose local, localkube, kube-emulated or kind")
 
 
 @pytest.fixture(scope="session")

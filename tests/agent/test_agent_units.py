@@ -195,3 +195,32 @@ def test_an_unreadable_state_file_keeps_the_member_fenced(tmp_path: Path):
     assert AgentState.load(path) == state
     path.write_text("{not json")
     assert AgentState.load(path).fenced
+
+
+def test_a_stale_postmaster_pid_naming_a_thread_is_removed(tmp_path: Path) -> None:
+    """A container made again: the old postmaster's pid is now a thread of the new agent. PostgreSQL
+    only asks whether the pid exists, and refused to start at every restart ("lock file postmaster.pid
+    already exists", seen on a real kubelet); the agent removes a lock no postgres process holds."""
+    from pgherd_backup.postgres import postmaster
+
+    started = threading.Event()
+    done = threading.Event()
+    tids: list[int] = []
+
+    def thread() -> None:
+        tids.append(threading.get_native_id())
+        started.set()
+        done.wait(10)
+
+    worker = threading.Thread(target=thread)
+    worker.start()
+    try:
+        started.wait(10)
+        (tmp_path / "postmaster.pid").write_text(f"{tids[0]}\n{tmp_path}\n1700000000\n5432\n")
+        assert postmaster.postmaster_pid(tmp_path) is None  # a thread of this process, not a postmaster
+        assert postmaster.remove_stale_lock(tmp_path) == tids[0]
+        assert not (tmp_path / "postmaster.pid").exists()
+        assert postmaster.remove_stale_lock(tmp_path) is None  # nothing to remove
+    finally:
+        done.set()
+        worker.join()

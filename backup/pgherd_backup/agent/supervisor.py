@@ -194,6 +194,11 @@ class PostmasterChild:
             if refusal is not None:
                 raise StartRefused(refusal)
             self._stop_stray()
+            stale = postmaster.remove_stale_lock(self.pgdata)
+            if stale is not None:
+                log.warning(
+                    "removed a stale postmaster.pid on %s (pid %d runs no PostgreSQL)", self.pgdata, stale
+                )
             child = self._spawn()
             child.report_exit = report_exit
         try:

@@ -34,6 +34,27 @@ def is_running(pgdata: Path | str) -> bool:
     return postmaster_pid(pgdata) is not None
 
 
+def remove_stale_lock(pgdata: Path | str) -> int | None:
+    """Remove postmaster.pid when no postmaster runs on `pgdata` (its pid is gone, or names another
+    process: in a container made again, the old postmaster's pid is often a thread of the new agent,
+    and PostgreSQL, which only asks whether that pid exists, then refuses to start: "lock file
+    postmaster.pid already exists", at every restart). The pid it held, or None when there was none.
+    Only for the member's own agent, which is the only process that starts PostgreSQL on this volume (a
+    StatefulSet runs at most one pod of a member)."""
+    lock = Path(pgdata) / "postmaster.pid"
+    try:
+        first = lock.read_text().split("\n", 1)[0]
+    except OSError:
+        return None
+    if postmaster_pid(pgdata) is not None:
+        return None
+    lock.unlink(missing_ok=True)
+    try:
+        return int(first)
+    except ValueError:
+        return 0
+
+
 def start(
     pgdata: Path | str,
     *,
@@ -104,10 +125,18 @@ def kill(pgdata: Path | str, *, timeout: float = 10) -> None:
 
 
 def _alive(pid: int) -> bool:
-    """True while `pid` runs (a zombie waiting for its parent to reap it counts as gone)."""
+    """True while `pid` is a running postgres process: not a zombie waiting for its parent to reap it,
+    not a thread of another process (/proc answers for thread ids too), not another program."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
+        status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
+        return False
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    if fields.get("Tgid", "").strip() != str(pid):
+        return False  # a thread of another process
+    command = stat[stat.index("(") + 1 : stat.rindex(")")]
+    if command not in ("postgres", "postmaster"):
         return False
     return stat[stat.rindex(")") + 2 :].split()[0] not in ("Z", "X")
 

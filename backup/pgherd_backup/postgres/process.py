@@ -57,7 +57,13 @@ def give_to_pg(path: Path, *, recursive: bool = False) -> None:
 
 def make_pg_dir(path: Path, mode: int = 0o700) -> None:
     path.mkdir(mode=mode, parents=True, exist_ok=True)
-    os.chmod(path, mode)
+    try:
+        os.chmod(path, mode)
+    except PermissionError:
+        # A folder this process does not own keeps its mode as long as it lets us in: a Kubernetes
+        # volume's mount point is root's, made writable for the pod by its fsGroup.
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise
     give_to_pg(path)
 
 

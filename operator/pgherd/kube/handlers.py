@@ -53,6 +53,8 @@ class Operator:
     config: OperatorConfig = field(default_factory=OperatorConfig)
     election: Election | None = None
     credentials: Credentials | None = None  # None: discovered at startup (in-cluster, else kubeconfig)
+    # What kopf logs in with when the credentials were discovered here: the same server, token and CA.
+    login_info: kopf.ConnectionInfo | None = None
     api: KubeApi | None = None
     leader: LeaderElector | AlwaysLeader | None = None
     wakeups: Wakeups = field(default_factory=Wakeups)
@@ -101,6 +103,8 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo:
+        if operator.login_info is not None:
+            return operator.login_info
         if operator.credentials is not None:
             creds = operator.credentials
             return kopf.ConnectionInfo(
@@ -110,13 +114,17 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
                 insecure=creds.ssl_context is False,
             )
         info = Credentials.kopf_login(kwargs["settings"])
+        operator.login_info = info
         operator.credentials = Credentials.from_kopf(info)
         return info
 
     @kopf.on.startup(registry=registry)
     async def startup(**_: Any) -> None:
         if operator.credentials is None:
-            operator.credentials = Credentials.discover()
+            # kopf runs startup before its login: kopf must then log in with these same credentials,
+            # CA included (a ConnectionInfo without it fails on an in-cluster API server's certificate).
+            operator.login_info = Credentials.kopf_login()
+            operator.credentials = Credentials.from_kopf(operator.login_info)
         operator.api = KubeApi(operator.credentials)
         if operator.election is None:
             operator.leader = AlwaysLeader()

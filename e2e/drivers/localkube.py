@@ -1,0 +1,207 @@
+"""The `localkube` driver: the kind driver's mapping on a real single-node Kubernetes on this machine
+(`python -m e2e.localkube up --dir DIR`: etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+containerd + runc, the kubelet and kube-proxy, the project's image, an S3 server and the chart installed
+by helm). One cluster per test session, each scenario in its own namespace.
+
+    PGHERD_E2E_DRIVER=localkube          select this driver
+    PGHERD_E2E_LOCALKUBE_DIR=DIR         use the cluster already up in DIR (left running at the end);
+                                         else one is brought up in a temporary directory for the session
+                                         and taken down when it ends
+
+How the scenarios' operations map:
+  kill(member)          SIGKILL of the member's container (its init, the agent: the PID namespace goes
+                        with it, PostgreSQL included), found through the CRI (crictl): a crash, which the
+                        kubelet answers by restarting the container after its back-off
+  kill(member, wipe)    the same, then the PVC and the pod deleted: the StatefulSet makes a new, empty claim
+  kill(.., keep_down)   every node cordoned first, the pod deleted: its new pod stays Pending
+                        (unschedulable) until bring_back()
+  switchover(to)        annotation pgherd.io/switchover-to=<member|any> on the PostgresCluster
+  kill_operator()       the operator Deployment scaled to 0 and its pod force-deleted; resume: scaled to 1
+  rw_dsn()              the `<cluster>-rw` Service's ClusterIP, port 5432 (kube-proxy on this host)
+  member_dsn(name)      the pod's IP, port 5432 (the pods' bridge is this host's)
+The backup store is the cluster's S3 server (DIR/s3.json), its keys copied from `default/pgherd-e2e-s3`
+into each scenario's namespace.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+from e2e.driver import DriverError
+from e2e.drivers.kube import POSTGRES_PORT, REPO_ROOT, S3_KEYS, S3_SECRET, Kube, KubeDriver, store_at
+from e2e.drivers.kube_emulated import kubectl_binary
+
+UP_TIMEOUT = 1800.0  # a cold start builds the image
+CONTAINER = "postgres"
+
+
+class LocalKube:
+    """The session's cluster: DIR, its state and its admin kubeconfig."""
+
+    def __init__(self, directory: Path, *, owned: bool) -> None:
+        self.dir = directory
+        self.owned = owned
+        self.state: dict[str, Any] = json.loads((directory / "state.json").read_text())
+        self.s3: dict[str, Any] = json.loads((directory / "s3.json").read_text())
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.dir / "kubeconfig"
+
+    def crictl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        binary = Path(self.state["binDir"]) / "crictl"
+        endpoint = f"unix://{self.dir / 'containerd' / 'containerd.sock'}"
+        return subprocess.run(
+            [str(binary), "--runtime-endpoint", endpoint, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    @classmethod
+    def up(cls) -> LocalKube:
+        given = os.environ.get("PGHERD_E2E_LOCALKUBE_DIR")
+        if given:
+            directory = Path(given).resolve()
+            if not (directory / "state.json").exists():
+                raise DriverError(f"PGHERD_E2E_LOCALKUBE_DIR={given}: no cluster there (state.json)")
+            return cls(directory, owned=False)
+        directory = Path(
+            tempfile.mkdtemp(prefix="pgherd-localkube-", dir=os.environ.get("PGHERD_E2E_WORKDIR"))
+        )
+        command = [sys.executable, "-m", "e2e.localkube", "up", "--dir", str(directory)]
+        try:
+            result = subprocess.run(
+                command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=UP_TIMEOUT, check=False
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise DriverError(f"`{' '.join(command)}` did not finish within {UP_TIMEOUT:.0f} s") from exc
+        cluster = cls(directory, owned=True) if (directory / "state.json").exists() else None
+        if cluster is not None:
+            atexit.register(cluster.down)
+        if result.returncode != 0 or cluster is None:
+            raise DriverError(
+                f"`{' '.join(command)}` failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+            )
+        return cluster
+
+    def down(self) -> None:
+        if self.owned:
+            subprocess.run(
+                [sys.executable, "-m", "e2e.localkube", "down", "--dir", str(self.dir)],
+                cwd=REPO_ROOT,
+                capture_output=True,
+                timeout=300,
+                check=False,
+            )
+
+
+class LocalKubeDriver(KubeDriver):
+    name = "localkube"
+    _cluster: ClassVar[LocalKube | None] = None
+
+    def __init__(self, workdir: Path, cluster: str) -> None:
+        if LocalKubeDriver._cluster is None:
+            LocalKubeDriver._cluster = LocalKube.up()
+        self.localkube = LocalKubeDriver._cluster
+        s3 = self.localkube.s3
+        store = store_at(str(s3["endpoint"]), str(s3["bucket"]), f"e2e-{cluster}-{int(time.time())}")
+        kube = Kube(
+            kubeconfig=self.localkube.kubeconfig,
+            cache_dir=Path(workdir) / "kubectl-cache",
+            kubectl=kubectl_binary(),
+        )
+        major = int(
+            os.environ.get("PGHERD_E2E_PG_VERSION") or self.localkube.state.get("postgresMajor") or 16
+        )
+        super().__init__(workdir, cluster, kube, postgres_version=major, store=store)
+        operator = self.localkube.state.get("operator") or {}
+        self.operator_namespace = str(operator.get("namespace") or "pgherd-system")
+        self.release = str(operator.get("release") or "pgherd")
+        self.kube.run("create", "namespace", self.namespace, check=False)
+        self.copy_secret("default", S3_SECRET, S3_SECRET, S3_KEYS)
+
+    # -- members ----------------------------------------------------------------------------------------
+
+    def kill(self, member: str, wipe: bool = False, keep_down: bool = False) -> None:
+        """SIGKILL of the member's container (a crash); with wipe or keep_down, then the kind driver's
+        deletions (and the cordon)."""
+        self._kill_container(member)
+        if wipe or keep_down:
+            super().kill(member, wipe=wipe, keep_down=keep_down)
+
+    def _kill_container(self, member: str) -> None:
+        found = self.localkube.crictl(
+            "ps", "-q", "--state", "running", "--name", f"^{CONTAINER}$",
+            "--label", f"io.kubernetes.pod.name={member}",
+            "--label", f"io.kubernetes.pod.namespace={self.namespace}",
+        )  # fmt: skip
+        ids = found.stdout.split()
+        if found.returncode != 0 or not ids:
+            raise DriverError(
+                f"no running {CONTAINER} container of {member}: {found.stderr.strip()}\n{self.describe()}"
+            )
+        for container in ids:
+            inspected = self.localkube.crictl("inspect", "-o", "json", container)
+            pid = int(json.loads(inspected.stdout)["info"]["pid"])
+            # The container's init (its agent): the PID namespace, PostgreSQL included, dies with it.
+            os.kill(pid, signal.SIGKILL)
+
+    # -- the operator and connections ------------------------------------------------------------------
+
+    def stop_operator(self) -> None:
+        ns = ("-n", self.operator_namespace)
+        self.kube.run(*ns, "scale", "deployment", self.release, "--replicas=0")
+        selector = f"app.kubernetes.io/instance={self.release},app.kubernetes.io/component=operator"
+        self.kube.run(*ns, "delete", "pod", "-l", selector, "--grace-period=0", "--force", "--wait=false")
+
+    def resume_operator(self) -> None:
+        ns = ("-n", self.operator_namespace)
+        self.kube.run(*ns, "scale", "deployment", self.release, "--replicas=1")
+        self.kube.run(*ns, "rollout", "status", f"deployment/{self.release}", "--timeout=180s", timeout=200)
+
+    def rw_dsn(self) -> str:
+        service = self.get("services", f"{self.cluster}-rw")
+        return self.dsn(str(service["spec"]["clusterIP"]), POSTGRES_PORT)
+
+    def status_rw_dsn(self) -> str | None:
+        try:
+            return self.rw_dsn()
+        except DriverError:
+            return None
+
+    def member_dsn(self, name: str) -> str:
+        ip = (self.get("pods", name).get("status") or {}).get("podIP")
+        if not ip:
+            raise DriverError(f"pod {name} has no IP yet")
+        return self.dsn(str(ip), POSTGRES_PORT)
+
+    def describe(self) -> str:
+        lines = [
+            f"localkube: {self.localkube.dir} (logs/, audit.log); namespace {self.namespace}; look with",
+            f"  kubectl --kubeconfig {self.localkube.kubeconfig} -n {self.namespace} get pgc,pgbackup,pgrestore,pods,pvc,events",
+            f"  kubectl --kubeconfig {self.localkube.kubeconfig} -n {self.operator_namespace} logs deployment/{self.release}",
+        ]
+        logs = self.kube.run(
+            "-n", self.operator_namespace, "logs", f"deployment/{self.release}", "--tail=20", check=False, timeout=20
+        )  # fmt: skip
+        if logs.returncode == 0:
+            lines.append("  last operator log lines:")
+            lines.extend(f"    {line}" for line in logs.stdout.splitlines())
+        return "\n".join(lines)
+
+    def down(self, *, keep: bool = False) -> None:
+        if not keep:
+            self.kube.run(
+                "delete", "namespace", self.namespace, "--wait=true", "--timeout=300s", check=False, timeout=320
+            )  # fmt: skip
