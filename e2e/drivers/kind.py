@@ -250,17 +250,6 @@ class KindDriver(KubeDriver):
 
     # -- the operator and connections ------------------------------------------------------------------
 
-    def stop_operator(self) -> None:
-        ns = ("-n", self.operator_namespace)
-        self.kube.run(*ns, "scale", "deployment", self.release, "--replicas=0")
-        selector = f"app.kubernetes.io/instance={self.release},app.kubernetes.io/component=operator"
-        self.kube.run(*ns, "delete", "pod", "-l", selector, "--grace-period=0", "--force", "--wait=false")
-
-    def resume_operator(self) -> None:
-        ns = ("-n", self.operator_namespace)
-        self.kube.run(*ns, "scale", "deployment", self.release, "--replicas=1")
-        self.kube.run(*ns, "rollout", "status", f"deployment/{self.release}", "--timeout=180s", timeout=200)
-
     def status_rw_dsn(self) -> str | None:
         return self.dsn("127.0.0.1", self._proxy.port) if self._proxy is not None else None
 

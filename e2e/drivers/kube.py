@@ -145,11 +145,22 @@ class KubeDriver(PollingDriver):
         """An object of this namespace (`kubectl get RESOURCE NAME -o json`), or the list of them."""
         return self.kube.json("-n", self.namespace, "get", resource, *([name] if name else []))
 
-    def stop_operator(self) -> None:  # pragma: no cover - provided by the concrete driver
-        raise NotImplementedError
+    # The operator's Deployment (the chart's release), for the drivers that run it as one.
+    operator_namespace = "pgherd-system"
+    release = "pgherd"
 
-    def resume_operator(self) -> None:  # pragma: no cover - provided by the concrete driver
-        raise NotImplementedError
+    def stop_operator(self) -> None:
+        """The operator Deployment scaled to 0 and its pod force-deleted (a lost operator pod)."""
+        ns = ("-n", self.operator_namespace)
+        self.kube.run(*ns, "scale", "deployment", self.release, "--replicas=0")
+        selector = f"app.kubernetes.io/instance={self.release},app.kubernetes.io/component=operator"
+        self.kube.run(*ns, "delete", "pod", "-l", selector, "--grace-period=0", "--force", "--wait=false")
+
+    def resume_operator(self) -> None:
+        """Scaled back to 1, until its rollout is done."""
+        ns = ("-n", self.operator_namespace)
+        self.kube.run(*ns, "scale", "deployment", self.release, "--replicas=1")
+        self.kube.run(*ns, "rollout", "status", f"deployment/{self.release}", "--timeout=180s", timeout=200)
 
     def status_rw_dsn(self) -> str | None:
         """The rwDsn shown in status() (None when none was asked for yet)."""

@@ -159,17 +159,6 @@ class LocalKubeDriver(KubeDriver):
 
     # -- the operator and connections ------------------------------------------------------------------
 
-    def stop_operator(self) -> None:
-        ns = ("-n", self.operator_namespace)
-        self.kube.run(*ns, "scale", "deployment", self.release, "--replicas=0")
-        selector = f"app.kubernetes.io/instance={self.release},app.kubernetes.io/component=operator"
-        self.kube.run(*ns, "delete", "pod", "-l", selector, "--grace-period=0", "--force", "--wait=false")
-
-    def resume_operator(self) -> None:
-        ns = ("-n", self.operator_namespace)
-        self.kube.run(*ns, "scale", "deployment", self.release, "--replicas=1")
-        self.kube.run(*ns, "rollout", "status", f"deployment/{self.release}", "--timeout=180s", timeout=200)
-
     def rw_dsn(self) -> str:
         service = self.get("services", f"{self.cluster}-rw")
         return self.dsn(str(service["spec"]["clusterIP"]), POSTGRES_PORT)
