@@ -39,7 +39,9 @@ def test_a_killed_primary_reports_its_true_wal_end(local_cluster: Callable[..., 
 
     # Not pg_control's checkpoint location: the WAL written after it is there too.
     assert view.received_lsn is not None and view.received_lsn >= last_commit
-    assert view.held_lsn is not None and last_commit <= view.held_lsn < last_commit + 1024 * 1024
+    # At most a WAL segment beyond the last commit: what the server's background work (autovacuum,
+    # hint bits' full-page images) wrote before the kill is there too (1.1 MiB seen on a loaded machine).
+    assert view.held_lsn is not None and last_commit <= view.held_lsn < last_commit + 16 * 1024 * 1024
     assert view.received_lsn == view.held_lsn
     assert view.fenced and view.stopped and view.shutdown_clean is False
     assert view.timeline == 1
