@@ -17,7 +17,6 @@ from pgherd.engine import (
     JobView,
     MemberView,
     RestoreView,
-    Role,
     decide,
 )
 from pgherd.engine import actions as A
@@ -215,9 +214,3 @@ def test_an_empty_member_that_answers_is_seeded_outside_any_restore() -> None:
     view = with_members(view, empty(view.members[1]))
     d = decide(spec, view, status)
     assert A.Rejoin("pg-1", "pg-0", reclone=False, reason="follow") in d.actions
-
-
-def test_the_primary_role_of_a_view_member_is_unchanged() -> None:
-    # A guard on the builders: a restored primary is primary, reachable, on timeline 2.
-    member = restored_primary(settled()[1])
-    assert member.role is Role.PRIMARY and member.reachable and member.timeline == 2

@@ -40,7 +40,7 @@ class Upkeep:
 def needs_rejoin(ctx: Context, member: MemberView, primary: str) -> bool:
     if member.name == primary or not member.exists or member.absent:
         return False
-    if member.fenced or (data_lost(member) and not member.absent):
+    if member.fenced or data_lost(member):
         return True  # an empty volume whose agent answers is seeded by the rejoin
     if not member.reachable:
         return False

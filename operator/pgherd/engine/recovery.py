@@ -156,7 +156,7 @@ def advance(ctx: Context, operation: Operation) -> Outcome:
     restore_view = next((r for r in ctx.view.restores if r.name == operation.restore), None)
 
     assert operation.restore is not None
-    job_name, member_to_restore = operation.restore, operation.target or ""
+    job_name = operation.restore
 
     def report(
         restore_phase: RestorePhase, error: str | None = None, restored_timeline: int | None = None
@@ -180,7 +180,6 @@ def advance(ctx: Context, operation: Operation) -> Outcome:
         operation = replace(operation.at("restore", ctx.now), target=chosen)
         status = replace(status, operation=operation)
         actions.clear()
-        job_name, member_to_restore = str(operation.restore), chosen
     if operation.step in ("restore", "promote"):
         # A member that returns meanwhile stays fenced until the rebuild re-clones it.
         actions += _fences(ctx, operation, keep=operation.target)
@@ -193,7 +192,7 @@ def advance(ctx: Context, operation: Operation) -> Outcome:
                 actions.append(
                     StartRestore(
                         job_name,
-                        member_to_restore,
+                        str(operation.target),
                         operation.backup,
                         operation.snapshot_id,
                         operation.recovery_target,
