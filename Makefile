@@ -26,11 +26,11 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 ## make test: set up everything, then ruff, mypy and the whole pytest suite (the e2e scenarios on the
-## sandbox, the `local` driver), then the e2e scenarios again on an emulated Kubernetes cluster through
-## the real operator (the `kube-emulated` driver, docs/e2e.md).
+## sandbox, the `local` driver), then the e2e scenarios again on a real single-node Kubernetes on this
+## machine, the chart's operator included (the `localkube` driver: python -m e2e.localkube, docs/e2e.md).
 test: setup lint typecheck
 	PATH="$(CURDIR)/.tools/bin:$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest
-	PATH="$(CURDIR)/.tools/bin:$(CURDIR)/$(BIN):$$PATH" PGHERD_E2E_DRIVER=kube-emulated $(BIN)/pytest e2e
+	PATH="$(CURDIR)/.tools/bin:$(CURDIR)/$(BIN):$$PATH" PGHERD_E2E_DRIVER=localkube $(BIN)/pytest e2e
 
 ## make demo: the sandbox tour on real PostgreSQL processes (no Kubernetes needed).
 demo: setup

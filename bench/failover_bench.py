@@ -1,7 +1,8 @@
 """Failover and switchover benchmark: the pgherd sandbox against Patroni with etcd, in the same run.
 
     .venv/bin/python bench/failover_bench.py [--runs 5] [--systems pgherd,patroni-default,patroni-tuned]
-                                             (also: pgherd-kube-emulated, the operator on an emulated cluster)
+                                             (also: pgherd-localkube, the operator on a real Kubernetes
+                                              on this machine: python -m e2e.localkube, docs/e2e.md)
                                              [--mode quorum|async] [--detection-seconds 3]
                                              [--scenarios failover,crash,switchover]
 
@@ -51,8 +52,8 @@ if __package__ in (None, ""):  # run as a script: make `e2e` and `bench` importa
 from bench._patroni import DEFAULT, TUNED, PatroniCluster, Timing
 from e2e import manifests
 from e2e.driver import healthy
-from e2e.drivers.kube_emulated import KubeEmulatedDriver
 from e2e.drivers.local import LocalDriver
+from e2e.drivers.localkube import LocalKubeDriver
 from e2e.workload import Attempt, WriteLoad, present_ids
 
 TABLE = "bench_writes"
@@ -107,15 +108,16 @@ class PatroniSystem:
 
 
 class PgherdSystem:
-    """pgherd through an e2e driver: the sandbox (`local`), or the real operator on an emulated
-    Kubernetes cluster (`kube-emulated`: a kill is kill -9 of the pod's processes and its deletion, the
-    read-write DSN the pod the `-rw` Service selects at each connection)."""
+    """pgherd through an e2e driver: the sandbox (`local`), or the chart's operator on a real Kubernetes
+    on this machine (`localkube`: a kill is SIGKILL of the member's container, a crash the kubelet answers
+    by restarting it; the read-write DSN the `-rw` Service's ClusterIP through kube-proxy). The
+    localkube cluster is $PGHERD_E2E_LOCALKUBE_DIR's, else one brought up for the run."""
 
     def __init__(self, mode: str, detection_seconds: int, driver: str = "local") -> None:
         self.label = "pgherd" if driver == "local" else f"pgherd-{driver}"
         self.workdir = Path(tempfile.mkdtemp(prefix=f"pgherd-bench-{driver}-"))
-        self.driver: LocalDriver | KubeEmulatedDriver = (
-            LocalDriver(self.workdir) if driver == "local" else KubeEmulatedDriver(self.workdir, "bench")
+        self.driver: LocalDriver | LocalKubeDriver = (
+            LocalDriver(self.workdir) if driver == "local" else LocalKubeDriver(self.workdir, "bench")
         )
         self.manifest = manifests.cluster(
             "bench",
@@ -339,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
 
     factories: dict[str, Callable[[], System]] = {
         "pgherd": lambda: PgherdSystem(args.mode, args.detection_seconds),
-        "pgherd-kube-emulated": lambda: PgherdSystem(args.mode, args.detection_seconds, "kube-emulated"),
+        "pgherd-localkube": lambda: PgherdSystem(args.mode, args.detection_seconds, "localkube"),
         "patroni-default": lambda: PatroniSystem(DEFAULT, args.mode),
         "patroni-tuned": lambda: PatroniSystem(TUNED, args.mode),
     }

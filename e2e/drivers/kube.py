@@ -32,6 +32,7 @@ SWITCHOVER_ANNOTATION = "pgherd.io/switchover-to"
 POSTGRES_PORT = 5432
 S3_SECRET = "pgherd-e2e-s3"
 S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+CRASH_POINT_ENV = "PGHERD_CRASH_POINT"  # operator/pgherd/kube/crashpoint.py
 
 
 def env(name: str, default: str) -> str:
@@ -157,14 +158,34 @@ class KubeDriver(PollingDriver):
         self.kube.run(*ns, "delete", "pod", "-l", selector, "--grace-period=0", "--force", "--wait=false")
 
     def resume_operator(self) -> None:
-        """Scaled back to 1, until its rollout is done."""
+        """Scaled back to 1, without a crash point, until its rollout is done."""
         ns = ("-n", self.operator_namespace)
+        self.kube.run(*ns, "set", "env", f"deployment/{self.release}", f"{CRASH_POINT_ENV}-")
         self.kube.run(*ns, "scale", "deployment", self.release, "--replicas=1")
         self.kube.run(*ns, "rollout", "status", f"deployment/{self.release}", "--timeout=180s", timeout=200)
+
+    def arm_operator_kill(self, at_step: str, done: int = 0) -> None:
+        """The operator started again with a crash point (PGHERD_CRASH_POINT, operator/pgherd/kube/
+        crashpoint.py): it freezes exactly once its operation reaches the step, as a kill there would
+        leave things; kill_operator() then deletes the frozen pod. No operator of before runs meanwhile:
+        it is stopped first."""
+        ns = ("-n", self.operator_namespace)
+        self.stop_operator()
+        point = json.dumps({"step": at_step, "done": done})
+        self.kube.run(*ns, "set", "env", f"deployment/{self.release}", f"{CRASH_POINT_ENV}={point}")
+        self.kube.run(*ns, "scale", "deployment", self.release, "--replicas=1")
+        self.kube.run(*ns, "rollout", "status", f"deployment/{self.release}", "--timeout=180s", timeout=200)
+        super().arm_operator_kill(at_step, done)
 
     def status_rw_dsn(self) -> str | None:
         """The rwDsn shown in status() (None when none was asked for yet)."""
         return None
+
+    def rw_dsn(self) -> str:  # pragma: no cover - provided by the concrete driver
+        raise NotImplementedError
+
+    def member_dsn(self, name: str) -> str:  # pragma: no cover - provided by the concrete driver
+        raise NotImplementedError
 
     # -- the Driver interface --------------------------------------------------------------------------
 
@@ -252,7 +273,7 @@ class KubeDriver(PollingDriver):
         unschedulable, until bring_back()."""
         if keep_down:
             self._kept_down.add(member)
-            self._cordon(True)
+            self.cordon(True)
         claims: dict[str, str | None] = {}
         if wipe:
             pod = self.get("pods", member)
@@ -287,9 +308,10 @@ class KubeDriver(PollingDriver):
     def bring_back(self, member: str) -> None:
         self._kept_down.discard(member)
         if not self._kept_down:
-            self._cordon(False)
+            self.cordon(False)
 
-    def _cordon(self, cordoned: bool) -> None:
+    def cordon(self, cordoned: bool) -> None:
+        """Every node cordoned (`kubectl cordon`), or uncordoned."""
         nodes = [n["metadata"]["name"] for n in self.kube.json("get", "nodes")["items"]]
         for node in nodes:
             self.kube.run("cordon" if cordoned else "uncordon", node)
@@ -323,8 +345,9 @@ class KubeDriver(PollingDriver):
         )
 
     def kill_operator(self, at_step: str | None = None, done: int = 0) -> None:
+        """At once, or once the status shows the step: armed (arm_operator_kill), the operator is frozen
+        there, so that the status holds the step until its pod is deleted."""
         if at_step is not None:
-            # No crash point in a real operator: kill it as soon as the status shows the step.
             self.wait_for(operation_at(at_step, done), 180, f"the operation to reach step {at_step!r}")
         self.stop_operator()
 

@@ -144,6 +144,44 @@ def test_a_member_returning_during_the_restore_stays_fenced_until_rebuilt() -> N
     assert ("pg-0", "pg-2", True) in {(a.member, a.upstream, a.reclone) for a in rejoins}
 
 
+def test_a_member_rebuilt_by_the_restore_is_recloned_once_even_if_its_stream_drops() -> None:
+    """Seen on a real Kubernetes: a survivor re-cloned from the restored primary, streaming, then its WAL
+    receiver reconnecting for a moment (the primary's synchronous standbys changed): it was re-cloned a
+    second time, its fresh copy kept aside as if it were old data. Once a member streamed from the
+    restored primary it is rebuilt; a dropped stream is ordinary upkeep, never another re-clone."""
+    spec, view, status, _ = quorum_lost()
+    view = with_members(with_restore(view), fenced(view.members[2]))
+    d = decide(spec, view, status)
+    d = decide(spec, later(with_restore(view, "Fencing"), 1), d.status)
+    job = JobView(JobKind.RESTORE, "r1", JobState.RUNNING, member="pg-2", stage="restoring")
+    # pg-0 and pg-1 come back with their old data during the restore (kept fenced).
+    back = [
+        replace(replica(i, spec, lsn=900), wal_receiver_streaming=False, upstream=None, ready=False)
+        for i in (0, 1)
+    ]
+    view = replace(with_members(with_restore(view, "Restoring"), *back, seconds=5), jobs=(job,))
+    d = decide(spec, view, d.status)
+    done = replace(job, state=JobState.SUCCEEDED, timeline=2)
+    restored = replace(replica(2, spec, lsn=2000, timeline=2), upstream=None, wal_receiver_streaming=False)
+    view = replace(with_members(view, *(fenced(b) for b in back), restored, seconds=5), jobs=(done,))
+    d = decide(spec, view, d.status)
+    assert [a.member for a in d.actions if isinstance(a, A.Promote)] == ["pg-2"]
+    view = with_members(view, restored_primary(view), seconds=1)
+    d = decide(spec, view, d.status)
+    d = decide(spec, later(view, 1), d.status)
+    recloned = {a.member for a in d.actions if isinstance(a, A.Rejoin) and a.reclone and a.upstream == "pg-2"}
+    assert recloned == {"pg-0", "pg-1"}
+    # Re-cloned: pg-0 streams from pg-2 on the restored timeline; pg-1's re-clone goes on.
+    rebuilt = replica(0, spec, lsn=2000, upstream="pg-2", timeline=2)
+    d = decide(spec, with_members(view, rebuilt, seconds=5), d.status)
+    assert d.status.operation is not None and d.status.operation.step == "rebuild"
+    assert not [a for a in d.actions if isinstance(a, A.Rejoin) and a.member == "pg-0"]
+    # Its WAL receiver reconnects: for one observation it does not stream.
+    reconnecting = replace(rebuilt, wal_receiver_streaming=False)
+    d = decide(spec, with_members(view, reconnecting, seconds=6), d.status)
+    assert not [a for a in d.actions if isinstance(a, A.Rejoin) and a.member == "pg-0" and a.reclone], d.actions
+
+
 def test_members_that_never_return_do_not_block_the_restore_and_are_recloned_when_they_do() -> None:
     spec, view, status, _ = quorum_lost()
     lost0, lost1 = gone(view.members[0], wiped=True), gone(view.members[1], wiped=True)

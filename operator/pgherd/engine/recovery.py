@@ -264,8 +264,14 @@ def _rebuild(ctx: Context, operation: Operation, phase: Phase) -> Outcome:
         # The restored primary failed during the rebuild: the ordinary failure handling takes over.
         status = replace(ctx.status, operation=None)
         return Outcome(phase, status, message=f"restored primary {operation.target} is not available")
-    # The restored member is the primary now: only the others are re-cloned from it.
-    replaced = frozenset(operation.plan) - {primary.name}
+    # The restored member is the primary now: only the others are re-cloned from it, each once: a
+    # member seen streaming from it is rebuilt (operation.done), and a stream that drops later (a WAL
+    # receiver reconnecting) is ordinary upkeep, never a second re-clone of a fresh copy.
+    rebuilt = tuple(n for n in operation.plan if n not in operation.done and _streams(ctx, n))
+    if rebuilt:
+        operation = replace(operation, done=operation.done + rebuilt)
+        ctx = replace(ctx, status=replace(ctx.status, operation=operation))
+    replaced = frozenset(operation.plan) - {primary.name} - frozenset(operation.done)
     upkeep = membership.maintain(ctx, reclone=replaced)
     behind = [n for n in ctx.expected_names() if n != primary.name and not _streams(ctx, n)]
     # A member with nothing running (its pod not scheduled, its node gone) does not hold the cluster

@@ -39,6 +39,7 @@ from pgherd.kube import names
 from pgherd.kube.actions import ActContext, NotLeader, apply_all, label_replicas
 from pgherd.kube.agents import Agents
 from pgherd.kube.api import ApiError, KubeApi
+from pgherd.kube.crashpoint import CrashPoint
 from pgherd.kube.events import Events
 from pgherd.kube.objects import OwnedObjects, expand_volumes
 from pgherd.kube.observe import ClusterObjects, PodProblem, cluster_view, pod_ip, pod_problems
@@ -115,6 +116,7 @@ class ClusterLoop:
         self.expanded_to: str | None = None
         self.polled = False  # the last tick asked at least one agent
         self._parsed: tuple[tuple[object, object], tuple[PostgresClusterSpec, str, str]] | None = None
+        self.crash_point = CrashPoint.from_env()  # tests only (crashpoint.py)
 
     async def close(self) -> None:
         if self.agents is not None:
@@ -226,6 +228,9 @@ class ClusterLoop:
             log.info("%s/%s: leadership lost: stopped acting", self.namespace, self.name)
             self.engine = None
             return
+        operation = decision.status.operation
+        if self.crash_point is not None and operation is not None and self.crash_point.reached(operation):
+            self.crash_point.freeze(operation)
         if self.holding():
             await self.volumes.remember(objects, statuses)
             await self.restores.follow(objects, statuses)

@@ -1,0 +1,667 @@
+"""What only a Kubernetes shows, on the drivers that run one (localkube, kind): the operator as the chart's
+Deployment, members as pods of a StatefulSet on a real kubelet, snapshot and prune Jobs run by the real
+Job controller, the scheduler's and the kubelet's reasons, the scale subresource, a pod deleted the way
+a drain deletes it (SIGTERM and its grace period), and the operator's requests as the API server's
+audit log records them (localkube).
+
+One cluster for the module, the tests in order (each leaves it Running): the labelled primary behind
+the -rw Service; the switchover annotation; a Backup Completed by its Job, then one Failed (its store
+refuses the key); Backups whose snapshot pod cannot start (the S3 Secret missing; the node cordoned)
+Failed after backup.jobStartTimeoutSeconds, and one whose pod waits but starts in time Completed; a
+Restore in place with the operator restarted in the middle; Restores refused (a Failed Backup; a Backup
+expired by retention); a rollout (a restart parameter), replicas first and the old primary last; scale
+3 -> 5 -> 3 (spec.instances up, the scale subresource down); the primary's pod deleted (switched over
+before its PostgreSQL stops); finally every request of the operator granted by the chart's RBAC.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import ssl
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg
+import pytest
+
+from e2e import manifests
+from e2e.checks import execute, query
+from e2e.driver import DriverError, NewCluster
+from e2e.drivers.kube import S3_SECRET, KubeDriver
+
+DRIVER = os.environ.get("PGHERD_E2E_DRIVER", "local")
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        DRIVER not in ("localkube", "kind"),
+        reason="Kubernetes only (Jobs, Secrets, the scheduler, the kubelet): run with PGHERD_E2E_DRIVER=localkube",
+    ),
+]
+
+NAME = "e2e-kube-ops"
+LABEL_CLUSTER = "pgherd.io/cluster"
+LABEL_ROLE = "pgherd.io/role"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+ANNOTATION_SWITCHOVER = "pgherd.io/switchover-to"
+ANNOTATION_RESTORE = "pgherd.io/restore-job"
+AGENT_PORT = 8008
+SECRET_KEY = "AWS_SECRET_ACCESS_KEY"
+# Phases only a sustained fault leads to (a failure is confirmed for failover.detectionSeconds).
+UNHEALTHY = {"FailingOver", "Failed", "Recovering"}
+T = TypeVar("T")
+
+
+def eventually(probe: Callable[[], T | None], timeout: float = 180.0, what: str = "") -> T:
+    """`probe()` until it gives something other than None/False; a connection or API error is "not yet"."""
+    deadline = time.monotonic() + timeout
+    last: BaseException | None = None
+    while True:
+        try:
+            value = probe()
+            if value is not None and value is not False:
+                return value
+        except (psycopg.Error, OSError, DriverError) as exc:
+            last = exc
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"not within {timeout:.0f} s: {what}" + (f" (last error: {last})" if last else "")
+            )
+        time.sleep(0.5)
+
+
+@dataclass
+class Bed:
+    driver: KubeDriver
+    secret: dict[str, str]  # the S3 Secret's data as the driver made it
+    phases: list[str] = field(default_factory=list)  # every status.phase written, in order
+    quorum: list[tuple[str, str]] = field(default_factory=list)  # (phase, QuorumHealthy) of every write
+    watcher: subprocess.Popen[str] | None = None
+
+    @property
+    def namespace(self) -> str:
+        return self.driver.namespace
+
+    def kubectl(
+        self, *args: str, stdin: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        return self.driver.kube.run("-n", self.namespace, *args, input=stdin, check=check)
+
+    def read(self, resource: str, name: str) -> dict[str, Any] | None:
+        result = self.kubectl("get", resource, name, "-o", "json", "--ignore-not-found")
+        return json.loads(result.stdout) if result.stdout.strip() else None
+
+    def items(self, resource: str, selector: str | None = None) -> list[dict[str, Any]]:
+        args = ["get", resource, "-o", "json", *(["-l", selector] if selector else [])]
+        return list(json.loads(self.kubectl(*args).stdout).get("items") or [])
+
+    def merge(self, resource: str, name: str, patch: dict[str, Any]) -> None:
+        self.kubectl("patch", resource, name, "--type", "merge", "-p", json.dumps(patch))
+
+    def create(self, manifest: dict[str, Any]) -> None:
+        doc = {**manifest, "metadata": {**manifest["metadata"], "namespace": self.namespace}}
+        self.kubectl("create", "-f", "-", stdin=json.dumps(doc))
+
+    def watch_phases(self) -> None:
+        """Record the phase (and QuorumHealthy) of every write of the cluster, from a watch (one JSON event
+        a line, `kubectl get --raw`): a phase held for a single tick is seen too, which polling would miss."""
+        path = (
+            f"/apis/pgherd.io/v1alpha1/namespaces/{self.namespace}/postgresclusters"
+            f"?watch=1&timeoutSeconds=7200&fieldSelector=metadata.name%3D{NAME}"
+        )
+        self.watcher = subprocess.Popen(
+            [*self.driver.kube.kubectl, "get", "--raw", path],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+
+        def run(stream: Any) -> None:
+            for line in stream:
+                status = (json.loads(line).get("object") or {}).get("status") or {}
+                phase = str(status.get("phase") or "")
+                if not self.phases or self.phases[-1] != phase:
+                    self.phases.append(phase)
+                for condition in status.get("conditions") or []:
+                    if condition.get("type") == "QuorumHealthy":
+                        self.quorum.append((phase, str(condition.get("status"))))
+
+        threading.Thread(target=run, args=(self.watcher.stdout,), name="phases", daemon=True).start()
+
+    def stop(self) -> None:
+        if self.watcher is not None:
+            self.watcher.kill()
+            self.watcher.wait()
+
+    def cluster(self) -> dict[str, Any]:
+        found = self.read("postgresclusters.pgherd.io", NAME)
+        assert found is not None
+        return found
+
+    def status(self) -> dict[str, Any]:
+        return dict(self.cluster().get("status") or {})
+
+    def pods(self) -> list[dict[str, Any]]:
+        return self.items("pods", f"{LABEL_CLUSTER}={NAME},{LABEL_COMPONENT}=postgres")
+
+    def pod(self, member: str) -> dict[str, Any] | None:
+        return self.read("pods", member)
+
+    def role(self, member: str) -> str | None:
+        pod = self.pod(member)
+        return None if pod is None else (pod["metadata"].get("labels") or {}).get(LABEL_ROLE)
+
+    def sql(self, member: str, statement: str) -> list[tuple[Any, ...]]:
+        return query(self.driver.member_dsn(member), statement)
+
+    def mark(self, mark: int, what: str) -> None:
+        """A row through the -rw Service, retried: right after a change of primary, kube-proxy may route
+        to no endpoint for up to a second (its sync period), as any client of a Service sees."""
+        statement = f"INSERT INTO marks VALUES ({mark}, '{what}') ON CONFLICT (id) DO NOTHING"
+
+        def written() -> bool:
+            execute(self.driver.rw_dsn(), statement)
+            return True
+
+        eventually(written, 60, f"the write of mark {mark}")
+
+    def settled(self, instances: int) -> dict[str, Any] | None:
+        """Running, with `instances` members each ready, one pod labelled primary: the current one."""
+        status = self.status()
+        if status.get("phase") != "Running" or status.get("operation"):
+            return None
+        members = status.get("members") or []
+        if len(members) != instances or not all(m.get("ready") for m in members):
+            return None
+        labels = {
+            p["metadata"]["name"]: (p["metadata"].get("labels") or {}).get(LABEL_ROLE) for p in self.pods()
+        }
+        primaries = [name for name, role in labels.items() if role == "primary"]
+        return status if primaries == [status.get("currentPrimary")] else None
+
+    def wait_settled(self, instances: int = 3, timeout: float = 300) -> dict[str, Any]:
+        return eventually(lambda: self.settled(instances), timeout, f"Running with {instances} ready members")
+
+    def events(self, reason: str) -> list[dict[str, Any]]:
+        return [e for e in self.items("events.events.k8s.io") if e.get("reason") == reason]
+
+    def put_secret(self, data: dict[str, str] | None) -> None:
+        """The S3 Secret with `data` (base64 values), or deleted (None)."""
+        if data is None:
+            self.kubectl("delete", "secret", S3_SECRET, "--wait=true")
+            return
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "Opaque",
+            "metadata": {"name": S3_SECRET, "namespace": self.namespace},
+            "data": data,
+        }
+        self.kubectl("apply", "-f", "-", stdin=json.dumps(secret))
+
+    def audit(self) -> list[dict[str, Any]] | None:
+        """Every completed request in the API server's audit log (localkube), else None."""
+        localkube = getattr(self.driver, "localkube", None)
+        if localkube is None:
+            return None
+        log = Path(localkube.dir) / "audit.log"
+        return [
+            event
+            for line in log.read_text().splitlines()
+            if line.strip() and (event := json.loads(line)).get("stage") == "ResponseComplete"
+        ]
+
+    def operator_user(self) -> str:
+        return f"system:serviceaccount:{self.driver.operator_namespace}:{self.driver.release}"
+
+
+@pytest.fixture(scope="module")
+def bed(new_cluster: NewCluster, pg_version: int) -> Iterator[Bed]:
+    driver = new_cluster(
+        manifests.cluster(
+            NAME, postgres_version=pg_version, keep_last=5, parameters={"max_connections": "40"}
+        )
+    )
+    assert isinstance(driver, KubeDriver)
+    secret = driver.get("secrets", S3_SECRET)["data"]
+    bed = Bed(driver, dict(secret))
+    bed.watch_phases()
+    try:
+        yield bed
+    finally:
+        bed.stop()
+
+
+def test_a_cluster_becomes_running_with_a_labelled_primary_behind_the_rw_service(bed: Bed) -> None:
+    status = bed.wait_settled(3, timeout=400)
+    primary = status["currentPrimary"]
+    roles = {p["metadata"]["name"]: bed.role(p["metadata"]["name"]) for p in bed.pods()}
+    assert roles == {m: ("primary" if m == primary else "replica") for m in (f"{NAME}-{i}" for i in range(3))}
+    rw = bed.read("services", f"{NAME}-rw")
+    assert rw is not None
+    selector = rw["spec"]["selector"]
+    selected = [
+        p["metadata"]["name"] for p in bed.pods() if selector.items() <= p["metadata"]["labels"].items()
+    ]
+    assert selected == [primary]
+    # The Service's endpoints, as kube-proxy routes them: the primary's address alone.
+    slices = bed.items("endpointslices.discovery.k8s.io", f"kubernetes.io/service-name={NAME}-rw")
+    addresses = {a for s in slices for e in s.get("endpoints") or [] for a in e.get("addresses") or []}
+    assert addresses == {bed.pod(primary)["status"]["podIP"]}  # type: ignore[index]
+    execute(bed.driver.rw_dsn(), "CREATE TABLE marks (id int PRIMARY KEY, at text)")
+    bed.mark(1, "created")
+
+
+def test_the_switchover_annotation_runs_to_completion(bed: Bed) -> None:
+    before = bed.wait_settled()
+    target = next(m["name"] for m in before["members"] if m["name"] != before["currentPrimary"])
+    seen, seen_quorum = len(bed.phases), len(bed.quorum)
+    bed.merge(
+        "postgresclusters.pgherd.io", NAME, {"metadata": {"annotations": {ANNOTATION_SWITCHOVER: target}}}
+    )
+    eventually(
+        lambda: ANNOTATION_SWITCHOVER not in (bed.cluster()["metadata"].get("annotations") or {}),
+        what="the annotation to be removed",
+    )
+    after = bed.wait_settled()
+    assert after["currentPrimary"] == target
+    assert bed.role(target) == "primary" and bed.role(before["currentPrimary"]) == "replica"
+    assert bed.sql(target, "SELECT pg_is_in_recovery()") == [(False,)]
+    events = [e for e in bed.events("Switchover") if target in (e.get("note") or "")]
+    assert events and events[0]["type"] == "Normal", events
+    assert "QuorumLost" not in bed.phases[seen:], bed.phases[seen:]
+    during = bed.quorum[seen_quorum:]
+    assert during and all(healthy == "True" for _, healthy in during), during
+    bed.mark(2, "switched over")
+
+
+def backup_manifest(name: str) -> dict[str, Any]:
+    return manifests.backup(name, NAME)
+
+
+def backup_status(bed: Bed, name: str, phase: str) -> dict[str, Any] | None:
+    status = (bed.read("backups.pgherd.io", name) or {}).get("status") or {}
+    return status if status.get("phase") == phase else None
+
+
+def pruned(bed: Bed) -> dict[str, Any] | None:
+    """The summary the cluster's succeeded prune Job left in its pod's termination message."""
+    for job in bed.items("jobs", f"{LABEL_CLUSTER}={NAME},{LABEL_COMPONENT}=prune"):
+        if not (job.get("status") or {}).get("succeeded"):
+            continue
+        for pod in bed.items("pods", f"job-name={job['metadata']['name']}"):
+            for container in (pod.get("status") or {}).get("containerStatuses") or []:
+                message = ((container.get("state") or {}).get("terminated") or {}).get("message")
+                if message:
+                    return dict(json.loads(message))
+    return None
+
+
+def test_a_backup_runs_a_job_to_completed(bed: Bed) -> None:
+    bed.wait_settled()
+    bed.create(backup_manifest("first"))
+    job = eventually(lambda: bed.read("jobs", "first-snapshot"), what="the snapshot Job")
+    assert job["metadata"]["labels"]["pgherd.io/backup"] == "first"
+    status = eventually(lambda: backup_status(bed, "first", "Completed"), 300, "the Backup Completed")
+    assert status["backupId"] and status["startLSN"] and status["endLSN"] and status["timeline"] >= 1
+    assert status["verified"] is True and "error" not in status
+    assert isinstance(status["sizeBytes"], int) and status["sizeBytes"] > 1 << 20
+    assert status["storePath"].endswith(f"/snapshots/{status['backupId']}/")
+    last = eventually(lambda: bed.status().get("lastSuccessfulBackup"), what="lastSuccessfulBackup")
+    assert "first" in str(last) or status["backupId"] in str(last)
+    # Retention (keepLast 5) runs a prune Job after the backup; it keeps this snapshot.
+    prune = eventually(lambda: pruned(bed), 180, "a prune Job to succeed")
+    assert status["backupId"] in prune["kept"] and prune["deleted_snapshots"] == []
+
+
+def test_a_backup_whose_store_refuses_fails_with_a_condition_and_an_event(bed: Bed) -> None:
+    bed.wait_settled()
+    bed.put_secret({**bed.secret, SECRET_KEY: base64.b64encode(b"not-the-key").decode()})
+    try:
+        bed.create(backup_manifest("refused"))
+        status = eventually(lambda: backup_status(bed, "refused", "Failed"), 300, "the Backup Failed")
+    finally:
+        bed.put_secret(bed.secret)
+    assert status.get("error")
+
+    def refused_condition() -> dict[str, Any] | None:
+        conditions = bed.status().get("conditions") or []
+        return next(
+            (c for c in conditions if c["type"] == "LastBackupSucceeded" and c["status"] == "False"), None
+        )
+
+    condition = eventually(refused_condition, what="LastBackupSucceeded False")
+    assert "refused" in condition["message"]
+    events = eventually(lambda: bed.events("BackupFailed"), what="a BackupFailed Event")
+    assert [e["type"] for e in events] == ["Warning"] and events[0]["regarding"]["name"] == "refused"
+    bed.wait_settled()  # the operator goes on
+
+
+def start_timeout(bed: Bed, seconds: int | None) -> None:
+    """spec.backup.jobStartTimeoutSeconds (None: back to the default)."""
+    bed.merge("postgresclusters.pgherd.io", NAME, {"spec": {"backup": {"jobStartTimeoutSeconds": seconds}}})
+
+
+def snapshot_pods(bed: Bed, backup: str) -> list[dict[str, Any]]:
+    return bed.items("pods", f"job-name={backup}-snapshot")
+
+
+def fails_in_bounded_time(bed: Bed, backup: str, timeout: int) -> dict[str, Any]:
+    """Create the Backup; it must be Failed once its Job's pod has waited ``timeout`` seconds (plus the
+    operator's ticks), long before the Job's own deadline; its Job and pod are deleted."""
+    started = time.monotonic()
+    bed.create(backup_manifest(backup))
+    status = eventually(lambda: backup_status(bed, backup, "Failed"), 120, f"the Backup {backup} Failed")
+    elapsed = time.monotonic() - started
+    # The pod's creationTimestamp has whole seconds: the wait may look up to a second longer.
+    assert timeout - 1 <= elapsed < timeout + 45, elapsed
+    assert status["error"].startswith(f"the snapshot Job's pod did not start within {timeout} s"), status
+    assert status.get("completedAt")
+    eventually(
+        lambda: bed.read("jobs", f"{backup}-snapshot") is None and not snapshot_pods(bed, backup),
+        90,
+        "the snapshot Job and its pod deleted",
+    )
+    events = eventually(
+        lambda: [e for e in bed.events("BackupFailed") if e["regarding"]["name"] == backup],
+        what="a BackupFailed Event",
+    )
+    assert events[0]["type"] == "Warning" and events[0]["regarding"]["kind"] == "Backup"
+    assert status["error"] in events[0]["note"]
+    return status
+
+
+def test_a_backup_whose_job_pod_misses_its_secret_fails_within_the_start_timeout(bed: Bed) -> None:
+    """The S3 credentials Secret is missing: the kubelet reports CreateContainerConfigError, which would
+    otherwise hold the Job until its deadline."""
+    bed.wait_settled()
+    start_timeout(bed, 5)
+    bed.put_secret(None)
+    try:
+        status = fails_in_bounded_time(bed, "no-secret", 5)
+    finally:
+        bed.put_secret(bed.secret)
+        start_timeout(bed, None)
+    assert f'CreateContainerConfigError: secret "{S3_SECRET}" not found' in status["error"], status
+    failed = {c["type"] for c in bed.status().get("conditions") or [] if c["status"] == "False"}
+    assert "LastBackupSucceeded" in failed
+    bed.wait_settled()
+
+
+def test_a_backup_whose_job_pod_cannot_be_scheduled_fails_within_the_start_timeout(bed: Bed) -> None:
+    """No node takes the pod (every node cordoned): the scheduler's reason is in the error."""
+    bed.wait_settled()
+    start_timeout(bed, 5)
+    bed.driver.cordon(True)
+    try:
+        status = fails_in_bounded_time(bed, "no-node", 5)
+    finally:
+        bed.driver.cordon(False)
+        start_timeout(bed, None)
+    assert "Unschedulable: 0/1 nodes are available: 1 node(s) were unschedulable" in status["error"], status
+    bed.wait_settled()
+
+
+def test_a_backup_whose_job_pod_starts_within_the_start_timeout_completes(bed: Bed) -> None:
+    """A pod that waits (here for its Secret, a reason that needs a person) but starts before the timeout
+    is not failed: its Backup completes."""
+    bed.wait_settled()
+    start_timeout(bed, 60)
+    bed.put_secret(None)
+    try:
+        bed.create(backup_manifest("late-secret"))
+
+        def waiting_for_its_secret() -> bool:
+            for pod in snapshot_pods(bed, "late-secret"):
+                for container in (pod.get("status") or {}).get("containerStatuses") or []:
+                    waiting = (container.get("state") or {}).get("waiting") or {}
+                    if waiting.get("reason") == "CreateContainerConfigError":
+                        return True
+            return False
+
+        eventually(waiting_for_its_secret, 60, "the snapshot pod waiting for its Secret")
+        time.sleep(2)
+    finally:
+        bed.put_secret(bed.secret)
+
+    def completed() -> dict[str, Any] | None:
+        status = dict((bed.read("backups.pgherd.io", "late-secret") or {}).get("status") or {})
+        assert status.get("phase") != "Failed", status  # a phase is final: fail at once
+        return status if status.get("phase") == "Completed" else None
+
+    try:
+        status = eventually(completed, 300, "the Backup Completed")
+    finally:
+        start_timeout(bed, None)
+    assert status["verified"] is True and "error" not in status
+
+
+def restore_status(bed: Bed, name: str) -> dict[str, Any]:
+    return dict((bed.read("restores.pgherd.io", name) or {}).get("status") or {})
+
+
+def test_a_restore_completes_in_place_across_an_operator_restart(bed: Bed) -> None:
+    before = bed.wait_settled()
+    bed.mark(3, "after the backup")
+    bed.create(manifests.restore("back", NAME, backup_name="first", immediate=True))
+    # The operator stops once an agent took the restore; the next one follows the same restore.
+    eventually(
+        lambda: '"back"' in (bed.cluster()["metadata"].get("annotations") or {}).get(ANNOTATION_RESTORE, ""),
+        180,
+        "the restore taken by an agent",
+    )
+    bed.driver.stop_operator()
+    bed.driver.resume_operator()
+    seen: set[str] = set()
+
+    def completed() -> dict[str, Any] | None:
+        status = restore_status(bed, "back")
+        seen.add(status.get("phase", "Pending"))
+        assert status.get("phase") != "Failed", status
+        return status if status.get("phase") == "Completed" else None
+
+    status = eventually(completed, 400, "the Restore Completed")
+    assert status["restoredTimeline"] > before["timeline"]
+    assert status["startedAt"] and status["completedAt"] and status["snapshotId"]
+    assert "Rebuilding" in seen, seen
+    kept = sorted(entry.split(":", 1)[0] for entry in status["keptData"])
+    assert kept == [f"{NAME}-{i}" for i in range(3)], status["keptData"]
+    after = bed.wait_settled()
+    assert after["currentPrimary"] == f"{NAME}-0"
+    # Restored to the snapshot's end: what was written after the backup is gone.
+    assert bed.sql(after["currentPrimary"], "SELECT id FROM marks ORDER BY id") == [(1,), (2,)]
+
+
+def test_a_restore_of_a_failed_backup_fails_with_an_event_and_changes_nothing(bed: Bed) -> None:
+    before = bed.wait_settled()
+    seen = len(bed.phases)
+    bed.create(manifests.restore("from-refused", NAME, backup_name="refused"))
+    status = eventually(lambda: (s := restore_status(bed, "from-refused")).get("phase") == "Failed" and s)
+    assert "refused" in status["error"] and status["completedAt"]
+    events = eventually(lambda: bed.events("RestoreFailed"), what="a RestoreFailed Event")
+    assert events[0]["type"] == "Warning" and events[0]["regarding"]["kind"] == "Restore"
+    after = bed.wait_settled()
+    assert after["currentPrimary"] == before["currentPrimary"] and after["timeline"] == before["timeline"]
+    assert "Failed" not in bed.phases[seen:], bed.phases[seen:]
+
+
+def test_retention_expires_a_backup_and_a_restore_naming_it_is_refused(bed: Bed) -> None:
+    """Retention (keepLast 1 from now) runs a prune Job after the next Backup; the snapshot of "first" is
+    deleted: the operator marks "first" Expired, with an Event, and a Restore naming it is refused at
+    once with that reason, changing nothing."""
+    before = bed.wait_settled()
+    first = backup_status(bed, "first", "Completed")
+    assert first is not None
+    bed.merge("postgresclusters.pgherd.io", NAME, {"spec": {"backup": {"retention": {"keepLast": 1}}}})
+    try:
+        bed.create(backup_manifest("newest"))
+        newest = eventually(lambda: backup_status(bed, "newest", "Completed"), 300, "the Backup newest")
+        expired = eventually(lambda: backup_status(bed, "first", "Expired"), 180, "the Backup first Expired")
+    finally:
+        bed.merge("postgresclusters.pgherd.io", NAME, {"spec": {"backup": {"retention": {"keepLast": 5}}}})
+    assert expired["backupId"] == first["backupId"] and expired["completedAt"] == first["completedAt"]
+    assert expired["message"] == f"its snapshot {first['backupId']} was deleted by retention (keepLast: 1)"
+    expired_at = datetime.fromisoformat(expired["expiredAt"].replace("Z", "+00:00"))
+    assert expired_at >= datetime.fromisoformat(newest["completedAt"].replace("Z", "+00:00"))
+    events = eventually(
+        lambda: [e for e in bed.events("BackupExpired") if e["regarding"]["name"] == "first"],
+        what="a BackupExpired Event",
+    )
+    assert events[0]["type"] == "Normal" and expired["message"] in events[0]["note"]
+
+    bed.create(manifests.restore("from-expired", NAME, backup_name="first"))
+    status = eventually(lambda: (s := restore_status(bed, "from-expired")).get("phase") == "Failed" and s)
+    assert status["error"] == (
+        f"Backup first is Expired (its snapshot was deleted by retention at {expired['expiredAt']});"
+        " choose another Backup"
+    )
+    assert "startedAt" not in status  # refused before any member was fenced or asked to restore
+    after = bed.wait_settled()
+    assert after["currentPrimary"] == before["currentPrimary"] and after["timeline"] == before["timeline"]
+
+
+def pod_deletions_by_the_operator(bed: Bed, since: str) -> list[str] | None:
+    """The member pods the operator deleted since `since` (RFC 3339), in order, from the audit log; None
+    where the API server keeps none (kind)."""
+    events = bed.audit()
+    if events is None:
+        return None
+    return [
+        e["objectRef"]["name"]
+        for e in events
+        if e.get("verb") == "delete"
+        and e["user"]["username"] == bed.operator_user()
+        and (e.get("objectRef") or {}).get("resource") == "pods"
+        and e["objectRef"].get("namespace") == bed.namespace
+        and e["requestReceivedTimestamp"] >= since
+        and e["objectRef"].get("name", "").startswith(f"{NAME}-")
+    ]
+
+
+def now_rfc3339() -> str:
+    """Now, as the audit log writes its timestamps (UTC, microseconds), for comparing them as strings."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def test_a_restart_parameter_rolls_out_replicas_first_and_the_old_primary_last(bed: Bed) -> None:
+    before = bed.wait_settled()
+    seen = len(bed.phases)
+    old_primary = before["currentPrimary"]
+    since = now_rfc3339()
+    bed.merge("postgresclusters.pgherd.io", NAME, {"spec": {"parameters": {"max_connections": "50"}}})
+    plan = eventually(
+        lambda: (op := bed.status().get("operation")) and op.get("kind") == "Rollout" and op,
+        180,
+        "a rollout plan in status.operation",
+    )
+    bed.wait_settled(timeout=400)
+    deleted = pod_deletions_by_the_operator(bed, since)
+    if deleted is not None:
+        order = list(dict.fromkeys(deleted))
+        assert order == plan["plan"] and order[-1] == old_primary, (order, plan)
+        assert sorted(order) == sorted(m["name"] for m in before["members"])
+    after = bed.status()
+    assert after["currentPrimary"] != old_primary
+    assert not UNHEALTHY & set(bed.phases[seen:]), bed.phases[seen:]
+    for member in before["members"]:
+        assert bed.sql(member["name"], "SHOW max_connections") == [("50",)]
+
+
+def test_scale_up_with_spec_instances_and_down_with_the_scale_subresource(bed: Bed) -> None:
+    bed.wait_settled()
+    seen = len(bed.phases)
+    bed.merge("postgresclusters.pgherd.io", NAME, {"spec": {"instances": 5}})
+    status = bed.wait_settled(5, timeout=400)
+    assert status["instances"] == 5
+    assert {p["metadata"]["name"] for p in bed.pods()} == {f"{NAME}-{i}" for i in range(5)}
+    count = "SELECT count(*) FROM marks"
+    assert bed.sql(f"{NAME}-4", count) == bed.sql(status["currentPrimary"], count)
+    bed.kubectl("scale", "postgrescluster", NAME, "--replicas=3")  # the scale subresource
+    assert bed.cluster()["spec"]["instances"] == 3
+    status = bed.wait_settled(3, timeout=300)
+    eventually(lambda: len(bed.pods()) == 3, what="two pods gone")
+    statefulset = bed.read("statefulsets", NAME)
+    assert statefulset is not None and statefulset["spec"]["replicas"] == 3
+    assert status["instances"] == 3
+    assert not UNHEALTHY & set(bed.phases[seen:]), bed.phases[seen:]
+
+
+def agent_answers(pod: dict[str, Any] | None) -> bool:
+    """The pod's agent answers its startup probe (as the kubelet asks: HTTPS, certificate not checked)."""
+    ip = ((pod or {}).get("status") or {}).get("podIP")
+    if not ip:
+        return False
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    try:
+        urllib.request.urlopen(f"https://{ip}:{AGENT_PORT}/startupz", timeout=1, context=context)
+    except urllib.error.HTTPError:
+        return True  # it answered
+    except OSError:
+        return False
+    return True
+
+
+def test_a_deleted_primary_pod_is_switched_over_before_its_postgres_stops(bed: Bed) -> None:
+    """As a drain deletes it (SIGTERM, its grace period): its agent holds PostgreSQL up until the engine
+    switched over, a switchover, never a failover; the promotion never waits for the pod made again."""
+    before = bed.wait_settled()
+    old = before["currentPrimary"]
+    bed.mark(4, "before the drain")
+    old_pod = bed.pod(old)
+    assert old_pod is not None
+    seen = len(bed.phases)
+    started = time.monotonic()
+    bed.kubectl("delete", "pod", old, "--wait=false")
+    kinds: set[str] = set()
+    replacement_answered_first: list[bool] = []
+
+    def replaced_and_settled() -> dict[str, Any] | None:
+        status = bed.status()
+        kinds.add(str((status.get("operation") or {}).get("kind") or status.get("phase")))
+        pod = bed.pod(old)
+        new_pod = pod is not None and pod["metadata"]["uid"] != old_pod["metadata"]["uid"]
+        if status.get("currentPrimary") != old and not replacement_answered_first:
+            replacement_answered_first.append(new_pod and agent_answers(pod))
+        return bed.settled(3) if new_pod else None
+
+    after = eventually(replaced_and_settled, 300, "the old primary's pod replaced, the cluster settled")
+    assert time.monotonic() - started < 90  # its agent did not wait out the time it may hold a primary
+    assert after["currentPrimary"] != old and bed.role(after["currentPrimary"]) == "primary"
+    assert "Switchover" in kinds and not {"Failover", "FailingOver", "Failed"} & kinds, kinds
+    assert replacement_answered_first == [False], "the promotion waited for the old primary's new pod"
+    assert "QuorumLost" not in bed.phases[seen:], bed.phases[seen:]
+    assert (4,) in bed.sql(after["currentPrimary"], "SELECT id FROM marks")
+
+
+def test_every_request_of_the_operator_is_granted_by_the_chart(bed: Bed) -> None:
+    """Everything above (members, labels, pods, Jobs, Backups, Restores, Events, scale), as the API
+    server's audit log recorded it: no request of the operator's ServiceAccount was forbidden."""
+    events = bed.audit()
+    if events is None:
+        pytest.skip("this driver's API server keeps no audit log (localkube's does)")
+    mine = [e for e in events if e["user"]["username"] == bed.operator_user()]
+    kinds = {((e.get("objectRef") or {}).get("resource"), e["verb"]) for e in mine}
+    wanted = {
+        ("pods", "patch"),
+        ("pods", "delete"),
+        ("jobs", "create"),
+        ("restores", "patch"),
+        ("leases", "update"),
+    }
+    assert wanted <= kinds, sorted(k for k in kinds if k[0])
+    forbidden = [
+        (e["verb"], e.get("requestURI"), e["responseStatus"].get("message"))
+        for e in mine
+        if e["responseStatus"]["code"] == 403
+    ]
+    assert forbidden == [], "requests the chart does not grant:\n" + "\n".join(map(str, forbidden))
