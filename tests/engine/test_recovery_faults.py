@@ -179,7 +179,9 @@ def test_a_member_rebuilt_by_the_restore_is_recloned_once_even_if_its_stream_dro
     # Its WAL receiver reconnects: for one observation it does not stream.
     reconnecting = replace(rebuilt, wal_receiver_streaming=False)
     d = decide(spec, with_members(view, reconnecting, seconds=6), d.status)
-    assert not [a for a in d.actions if isinstance(a, A.Rejoin) and a.member == "pg-0" and a.reclone], d.actions
+    assert not [a for a in d.actions if isinstance(a, A.Rejoin) and a.member == "pg-0" and a.reclone], (
+        d.actions
+    )
 
 
 def test_members_that_never_return_do_not_block_the_restore_and_are_recloned_when_they_do() -> None:
