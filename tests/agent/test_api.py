@@ -42,6 +42,7 @@ STATUS_KEYS = {
     "actionProgress",
     "lastAction",
     "startError",
+    "serverVersion",
 }
 
 # Every answer the tests received, checked for credentials at the end of the module.
@@ -107,6 +108,9 @@ def test_the_status_document_has_every_key_in_camel_case(pair):
     assert status.final_lsn is None and status.shutdown_clean is None
     assert status.synchronous_standby_names == "" and status.pending_restart is False
     assert camel("received_lsn") == "receivedLSN" and camel("last_crash_at") == "lastCrashAt"
+    # the running server's MAJOR.MINOR, from server_version_num: what status.members[].version shows
+    number = int(primary.value("SHOW server_version_num"))
+    assert raw["serverVersion"] == status.server_version == f"{number // 10000}.{number % 10000}"
 
 
 def test_probes_answer_without_credentials(pair):

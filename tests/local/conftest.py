@@ -20,6 +20,7 @@ from pgherd.local.layout import SandboxPaths
 from pgherd.local.objects import ObjectStore
 from pgherd.local.platform import LocalPlatform
 from pgherd.local.pods import MAX_MEMBERS
+from pgherd.local.postgres.resolve import resolve
 from pgherd.local.state import S3Endpoint, SandboxState
 
 CLUSTER = "demo"  # the s3_store fixture's cluster
@@ -46,12 +47,16 @@ def local_cluster(
     discard: Callable[[Path], None],
     request: pytest.FixtureRequest,
 ) -> Iterator[Callable[..., LocalCluster]]:
-    """make(instances, parameters=None) -> a LocalCluster whose members run and stream; at the end, its
-    members are killed and its directory deleted in the background."""
+    """make(instances, parameters=None, postgres_version=15) -> a LocalCluster whose members run and
+    stream, on that major's programs as `sandbox up` resolves them; at the end, its members are killed
+    and its directory deleted in the background."""
     made: list[LocalCluster] = []
     assert s3_store.cluster == CLUSTER
 
-    def make(instances: int, parameters: dict[str, str] | None = None) -> LocalCluster:
+    def make(
+        instances: int, parameters: dict[str, str] | None = None, postgres_version: int = 15
+    ) -> LocalCluster:
+        postgres = resolve(postgres_version)
         root = work_root / f"sandbox-{request.node.name[:30]}-{uuid.uuid4().hex[:6]}"
         root.mkdir(mode=0o755)
         shutil.copytree(sandbox_certs, root / "certs")
@@ -73,11 +78,14 @@ def local_cluster(
             app_database="app",
             app_password="app-" + uuid.uuid4().hex[:12],
             restart_delay=RESTART_DELAY,
+            pg_bindir=str(postgres.bindir),
+            pg_libdir=None if postgres.libdir is None else str(postgres.libdir),
+            postgres_major=postgres.major,
         )
         paths = SandboxPaths(root)
         state.save(paths)
         objects = ObjectStore(paths)
-        spec_fields: dict[str, Any] = {"instances": instances, "postgresVersion": 15}
+        spec_fields: dict[str, Any] = {"instances": instances, "postgresVersion": postgres_version}
         spec_fields["parameters"] = {"shared_buffers": "16MB", "max_connections": "30", **(parameters or {})}
         objects.apply(
             {

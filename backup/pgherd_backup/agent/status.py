@@ -35,7 +35,8 @@ SELECT pg_is_in_recovery(),
        (SELECT max(('x' || substr(name, 1, 8))::bit(32)::int) FROM pg_ls_waldir()
          WHERE name ~ '^[0-9A-F]{24}$'),
        (SELECT count(*) > 0 FROM pg_settings WHERE pending_restart),
-       (SELECT system_identifier FROM pg_control_system())::text
+       (SELECT system_identifier FROM pg_control_system())::text,
+       current_setting('server_version_num')::int
 """
 
 
@@ -53,10 +54,18 @@ class Live:
     archiving_healthy: bool | None
     pending_restart: bool
     system_identifier: str | None
+    server_version: str | None  # MAJOR.MINOR, e.g. "16.15" (server_version_text)
 
     @property
     def streaming(self) -> bool:
         return self.receiver is not None and self.receiver.status == "streaming"
+
+
+def server_version_text(number: int | None) -> str | None:
+    """server_version_num as MAJOR.MINOR: 160015 -> "16.15" (every supported major is 10 or later)."""
+    if number is None:
+        return None
+    return f"{number // 10000}.{number % 10000}"
 
 
 def _lsn(text: str | None) -> int | None:
@@ -88,6 +97,7 @@ def query_live(inst: Instance) -> Live | None:
         waldir_tli,
         pending,
         system_id,
+        version_num,
     ) = row
     replayed_lsn = _lsn(replayed)
     if in_recovery:
@@ -111,6 +121,7 @@ def query_live(inst: Instance) -> Live | None:
         archiving_healthy=None if in_recovery else archiving,
         pending_restart=bool(pending),
         system_identifier=system_id,
+        server_version=server_version_text(version_num),
     )
 
 
@@ -188,6 +199,7 @@ def gather(inst: Instance) -> Status:
             synchronous_standby_names=live.sync,
             archiving_healthy=live.archiving_healthy,
             system_identifier=live.system_identifier,
+            server_version=live.server_version,
         )
     if (
         pm.state in (PostmasterState.STOPPED, PostmasterState.CRASHED)

@@ -221,6 +221,7 @@ class Status(Wire):
     start_error: str | None = None  # why PostgreSQL did not start (its log's last FATAL line), until it does
     archiving_healthy: bool | None = None  # pg_stat_archiver on a primary
     system_identifier: str | None = None
+    server_version: str | None = None  # the running server's MAJOR.MINOR ("16.15"); null while stopped
     pg_port: int | None = None
     agent_version: str = ""
 

@@ -421,6 +421,13 @@ class Member(StatusModel):
     ready: bool = False
     reachable: bool = False
     timeline: int | None = None
+    version: str | None = Field(
+        default=None,
+        description=(
+            "The PostgreSQL server version the member runs, MAJOR.MINOR from its server_version_num"
+            " (e.g. 16.15); null while its PostgreSQL does not answer."
+        ),
+    )
     received_lsn: str | None = Field(default=None, alias="receivedLSN")
     replayed_lsn: str | None = Field(default=None, alias="replayedLSN")
     lag_bytes: int | None = None

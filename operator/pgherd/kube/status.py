@@ -55,7 +55,11 @@ def member_role(view: MemberView) -> str:
     return "primary" if view.role is Role.PRIMARY else "replica"
 
 
-def members(view: ClusterView, primary: str | None) -> list[JSON]:
+def members(
+    view: ClusterView, primary: str | None, statuses: Mapping[str, Status | None] | None = None
+) -> list[JSON]:
+    """status.members; ``statuses``: the agents' /status by member, for what the engine's view does not
+    carry (the server version)."""
     primary_view = view.member(primary)
     primary_lsn = primary_view.received_lsn if primary_view is not None and primary_view.reachable else None
     out = []
@@ -63,6 +67,7 @@ def members(view: ClusterView, primary: str | None) -> list[JSON]:
         lag = None
         if primary_lsn is not None and member.reachable and member.replayed_lsn is not None:
             lag = max(0, primary_lsn - member.replayed_lsn)
+        agent = (statuses or {}).get(member.name)
         out.append(
             {
                 "name": member.name,
@@ -70,6 +75,7 @@ def members(view: ClusterView, primary: str | None) -> list[JSON]:
                 "ready": member.ready,
                 "reachable": member.reachable,
                 "timeline": member.timeline,
+                "version": agent.server_version if agent is not None else None,
                 "receivedLSN": None if member.received_lsn is None else format_lsn(member.received_lsn),
                 "replayedLSN": None if member.replayed_lsn is None else format_lsn(member.replayed_lsn),
                 "lagBytes": lag,
@@ -90,7 +96,7 @@ def cluster_status(
     """The whole status document (a merge patch replaces each key it names); ``extra``: the adapter's
     own conditions beside the engine's."""
     generation = view.generation
-    listed = members(view, decision.current_primary)
+    listed = members(view, decision.current_primary, statuses)
     system_id = previous.get("systemIdentifier")
     for status in (statuses or {}).values():
         if status is not None and status.system_identifier:

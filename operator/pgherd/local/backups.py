@@ -67,6 +67,7 @@ class Backups:
         """The jobs' environment: the store, its credentials, and pgherd-backup on the PATH."""
         env = dict(os.environ)
         env.update(self.state.s3.env())
+        env.update(self.state.postgres_env())  # the cluster's major's pg_basebackup, not the machine's
         env.update(PGHERD_STORE=self.state.store_url, PGHERD_CLUSTER=self.state.cluster)
         env["PATH"] = f"{os.path.dirname(self.agent)}:{env.get('PATH', '/usr/bin:/bin')}"
         return env

@@ -13,6 +13,7 @@ from typing import Any
 
 import psycopg
 
+from pgherd.local.postgres.resolve import newest_machine_major
 from pgherd.local.sandbox import Sandbox, SandboxError
 
 CLUSTER = "demo"
@@ -28,6 +29,15 @@ MANIFEST: dict[str, Any] = {
         "recovery": {"onQuorumLoss": "RestoreFromBackup", "backup": BACKUP},
     },
 }
+
+
+def demo_manifest() -> dict[str, Any]:
+    """MANIFEST on this machine's PostgreSQL when it has one (the newest), else on the API's default
+    major, which `make setup` fetches (`pgherd sandbox fetch-postgres 16`)."""
+    major = newest_machine_major()
+    if major is None:
+        return MANIFEST
+    return {**MANIFEST, "spec": {**MANIFEST["spec"], "postgresVersion": major}}
 
 
 class Tour:
@@ -77,7 +87,7 @@ class Tour:
         self.step("1. Create a 3-member cluster")
         self.say("quorum commits (a commit is acknowledged once 2 of 3 members have it), failover after 3s,")
         self.say(f"and, if a majority is lost, recovery from the Backup {BACKUP!r}")
-        status = self.sandbox.up(MANIFEST, timeout=240)
+        status = self.sandbox.up(demo_manifest(), timeout=240)
         self.say(
             f"Running: primary {status['primary']}, replicas "
             + ", ".join(m["name"] for m in status["members"] if m["role"] == "replica")

@@ -1,5 +1,5 @@
 """What the sandbox's status file shows of a member: its agent's /status in the few fields `pgherd
-sandbox status` prints (role, LSNs, lag, streaming). The engine's own view of a member is
+sandbox status` prints (role, LSNs, lag, streaming, server version). The engine's own view of a member is
 ``pgherd.agentview.member_view`` of the same /status."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ class Observation:
     sender_port: int | None = None
     sync: SyncConfig | None = None
     archiving_healthy: bool | None = None
+    server_version: str | None = None  # MAJOR.MINOR of the running server, e.g. "16.15"
 
 
 def observation(status: Status | None) -> Observation:
@@ -42,4 +43,5 @@ def observation(status: Status | None) -> Observation:
         sender_port=sender_port,
         sync=parse_sync_standby_names(status.synchronous_standby_names or ""),
         archiving_healthy=status.archiving_healthy,
+        server_version=status.server_version,
     )

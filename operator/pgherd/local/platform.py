@@ -40,7 +40,7 @@ from pgherd.local.layout import SandboxPaths, read_json, write_json
 from pgherd.local.objects import ObjectStore, now_iso
 from pgherd.local.observe import Observation, observation
 from pgherd.local.pods import Credentials, Pods
-from pgherd.local.state import MemberState, SandboxState
+from pgherd.local.state import MemberState, SandboxState, binaries_missing
 from pgherd_backup.agent.client import AgentClient, AgentError, AgentUnreachable
 from pgherd_backup.agent.wire import ActionResult, FenceRequest, Status, lsn_value
 from pgherd_backup.postgres.config import OWNED_SETTINGS, Setting
@@ -97,9 +97,13 @@ class LocalPlatform:
         self.paths = paths
         self.state = state
         self.objects = objects
+        missing = binaries_missing(state)
+        if missing is not None:
+            raise RuntimeError(missing)
         # archive_command and restore_command run as the postgres account: it must reach the venv's
-        # interpreter (often under /root/.pyenv) and the sandbox directory.
-        grant_traverse(agent_executable(), sys.executable, paths.root)
+        # interpreter (often under /root/.pyenv) and the sandbox directory; PostgreSQL, its programs
+        # (a fetched major's live in the user's cache).
+        grant_traverse(agent_executable(), sys.executable, paths.root, *filter(None, [state.pg_bindir]))
         self.jobs = LocalJobs(paths)
         self.credentials = Credentials(paths, state)
         self.credentials.ensure()

@@ -188,9 +188,7 @@ class Pods:
             return running
         folder = self.paths.member_dir(name)
         folder.mkdir(parents=True, exist_ok=True)
-        environment = {**os.environ, **env}
-        if self.state.pg_bindir:
-            environment["PG_BIN"] = self.state.pg_bindir
+        environment = {**os.environ, **env, **self.state.postgres_env()}
         with self.log_file(name).open("ab") as log:
             process = subprocess.Popen(
                 self.command(name, ordinal, revision, extra),

@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from pgherd.local.layout import SandboxPaths, read_json, write_json
+from pgherd.local.major_change import MajorChangeRefused, refuse_major_change
 from pgherd.local.objects import ObjectStore
+from pgherd.local.postgres.resolve import PostgresInstall, PostgresUnavailable, resolve
 from pgherd.local.s3server import S3ServerUnavailable, choose_backend, free_port
-from pgherd.local.state import MemberState, S3Endpoint, SandboxState
+from pgherd.local.state import MemberState, S3Endpoint, SandboxState, binaries_missing
 from pgherd_backup.postgres.process import grant_traverse
 
 EMBEDDED_BUCKET = "pgherd"
@@ -124,6 +126,7 @@ class Sandbox:
             )
             store_url = f"s3://{s3_spec.get('bucket')}/{s3_spec.get('path', '')}".rstrip("/")
         admitted = admit(manifest)  # before anything is written: a refused manifest leaves no directory
+        postgres = _postgres_of(int(admitted["spec"]["postgresVersion"]))  # likewise
         self.root.mkdir(parents=True, exist_ok=True)
         grant_traverse(self.root)
         name = admitted["metadata"]["name"]
@@ -140,6 +143,9 @@ class Sandbox:
             app_password=secrets.token_urlsafe(18),
             restart_delay=restart_delay,
             agent_base_port=_free_port_range(16),
+            pg_bindir=str(postgres.bindir),
+            pg_libdir=None if postgres.libdir is None else str(postgres.libdir),
+            postgres_major=postgres.major,
         )
         state.save(self.paths)
         self.objects.apply(manifest)
@@ -241,6 +247,8 @@ class Sandbox:
                 }
                 for r in objects.restores()
             ],
+            "postgresVersion": state.postgres_major,
+            "postgresBin": state.pg_bindir,
             "store": state.store_url,
             "s3Endpoint": state.s3.endpoint,
             "supervisorRunning": self.supervisor_pid() is not None,
@@ -249,8 +257,12 @@ class Sandbox:
 
     # --- changes ----------------------------------------------------------------------------------------
     def apply(self, manifest: dict[str, Any]) -> str:
-        self.state()
+        state = self.state()
         if manifest.get("kind") == "PostgresCluster":
+            try:
+                refuse_major_change(state.postgres_major, manifest)
+            except MajorChangeRefused as exc:
+                raise SandboxError(str(exc)) from None
             stored = self.objects.cluster()
             store = ((stored.get("spec") or {}).get("backup") or {}).get("store")
             spec = manifest.get("spec") or {}
@@ -342,6 +354,9 @@ class Sandbox:
                 f"the sandbox in {self.root} runs its members inline, a mode that was removed: remove it "
                 f"(`pgherd sandbox down --dir {self.root}`) and create it again"
             )
+        missing = binaries_missing(state)
+        if missing is not None:
+            raise SandboxError(missing)
         if state.s3.embedded:
             _require_embedded_s3()
         return self.start_supervisor()
@@ -387,6 +402,15 @@ def check_members_mode(members: str) -> None:
             f"--members {members}: the sandbox runs every member on its own agent (`pgherd instance run`);"
             " the inline mode was removed. Drop --members (and PGHERD_SANDBOX_MEMBERS)"
         )
+
+
+def _postgres_of(major: int) -> PostgresInstall:
+    """The programs of the cluster's major (this machine's, or a fetched wheel's), or SandboxError
+    saying how to get them."""
+    try:
+        return resolve(major)
+    except PostgresUnavailable as exc:
+        raise SandboxError(str(exc)) from None
 
 
 def _require_embedded_s3() -> None:

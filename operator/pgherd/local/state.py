@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pgherd.local.layout import SandboxPaths, read_json, write_json
+from pgherd.local.postgres.pins import pinned
+from pgherd.local.postgres.resolve import fetch_command, postgres_environment
 
 
 @dataclass
@@ -41,12 +44,20 @@ class SandboxState:
     app_password: str
     restart_delay: float = 10.0
     tick: float = 0.25  # seconds between two observations of a steady cluster (0.2 while acting)
-    pg_bindir: str | None = None  # the PostgreSQL programs the agents run (PG_BIN); None: the newest
+    # The PostgreSQL programs every member and job runs (PG_BIN), resolved from spec.postgresVersion at
+    # `up` (pgherd.local.postgres); None only in a sandbox from before: the newest of this machine.
+    pg_bindir: str | None = None
+    pg_libdir: str | None = None  # a fetched wheel's own libraries (LD_LIBRARY_PATH); None: the system's
+    postgres_major: int | None = None  # the major those programs are, fixed for the sandbox's life
     # The agents' ports, one per ordinal like base_port (None only in a sandbox from before the agents).
     agent_base_port: int | None = None
     # Every member is its own `pgherd instance run` process; "inline" (the supervisor driving
     # PostgreSQL itself) was removed: a sandbox still marked so is refused with what to do.
     members: str = "agent"
+
+    def postgres_env(self) -> dict[str, str]:
+        """The environment variables that make the agents and jobs run the sandbox's PostgreSQL."""
+        return postgres_environment(self.pg_bindir, self.pg_libdir)
 
     def port_of(self, ordinal: int) -> int:
         return self.base_port + ordinal
@@ -68,6 +79,18 @@ class SandboxState:
             )
         data["s3"] = S3Endpoint(**data["s3"])
         return cls(**data)
+
+
+def binaries_missing(state: SandboxState) -> str | None:
+    """Why the sandbox's PostgreSQL programs cannot run any more (a fetched major deleted from the
+    cache, a package removed), with how to get them back; None when they are there."""
+    if state.pg_bindir is None or Path(state.pg_bindir, "postgres").is_file():
+        return None
+    major = state.postgres_major
+    how = "install them again"
+    if state.pg_libdir is not None and major is not None and pinned(major) is not None:
+        how = f"run `{fetch_command(major)}`"  # a fetched major: fetched again into the same place
+    return f"PostgreSQL {major}'s programs are gone from {state.pg_bindir}: {how}"
 
 
 @dataclass

@@ -247,6 +247,7 @@ class Supervisor:
                     "port": member.port,
                     "dsn": self.platform.app_dsn(name),
                     "timeline": obs.timeline,
+                    "version": obs.server_version,
                     "receivedLSN": obs.received_lsn,
                     "replayedLSN": obs.replayed_lsn,
                     "lagBytes": lag,
