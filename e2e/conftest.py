@@ -1,5 +1,5 @@
 """The e2e suite's fixtures: a driver per cluster, chosen by $PGHERD_E2E_DRIVER (`local`, default,
-`kube-emulated` or `kind`).
+`localkube` or `kind`).
 
 Each test module states its cluster once (a module-scoped fixture calling `new_cluster`), and its tests
 share it in order; the cluster is brought down when the module ends, even after a failure, and its data
@@ -49,20 +49,16 @@ def make_driver(workdir: Path, cluster_name: str) -> Driver:
         from e2e.drivers.localkube import LocalKubeDriver
 
         return LocalKubeDriver(workdir, cluster_name)
-    if kind == "kube-emulated":
-        from e2e.drivers.kube_emulated import KubeEmulatedDriver
-
-        return KubeEmulatedDriver(workdir, cluster_name)
-    raise pytest.UsageError(f"{DRIVER_ENV}={kind!r}: choose local, localkube, kube-emulated or kind")
+    raise pytest.UsageError(f"{DRIVER_ENV}={kind!r}: choose local, localkube or kind")
 
 
 @pytest.fixture(scope="session")
 def pg_version() -> int:
     """The PostgreSQL major the platform runs: $PGHERD_E2E_PG_VERSION, else what this machine has (local,
-    kube-emulated) or 16 (kind, the image's default)."""
+    or 16 (localkube and kind: the image's default)."""
     if os.environ.get("PGHERD_E2E_PG_VERSION"):
         return int(os.environ["PGHERD_E2E_PG_VERSION"])
-    if os.environ.get(DRIVER_ENV, "local") in ("local", "kube-emulated"):
+    if os.environ.get(DRIVER_ENV, "local") == "local":
         from e2e.drivers.local import installed_postgres_major
 
         return installed_postgres_major()

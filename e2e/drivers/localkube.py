@@ -37,8 +37,16 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from e2e.driver import DriverError
-from e2e.drivers.kube import POSTGRES_PORT, REPO_ROOT, S3_KEYS, S3_SECRET, Kube, KubeDriver, store_at
-from e2e.drivers.kube_emulated import kubectl_binary
+from e2e.drivers.kube import (
+    POSTGRES_PORT,
+    REPO_ROOT,
+    S3_KEYS,
+    S3_SECRET,
+    Kube,
+    KubeDriver,
+    kubectl_binary,
+    store_at,
+)
 
 UP_TIMEOUT = 1800.0  # a cold start builds the image
 CONTAINER = "postgres"

@@ -4,6 +4,7 @@ NOTES.md explains the flags."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from e2e.localkube import health
@@ -22,8 +23,11 @@ rules:
 """
 
 
-def etcd(layout: Layout, settings: Settings, bin_dir: Path) -> Process:
-    """One member on loopback."""
+def etcd(
+    layout: Layout, settings: Settings, bin_dir: Path, *, fsync: bool = True, die_with_parent: bool = False
+) -> Process:
+    """One member on loopback. ``fsync=False``: etcd's --unsafe-no-fsync, for a throw-away control plane
+    whose numbers must be about its clients, not this machine's disk (apiserver_only.py)."""
     ports = settings.ports
     client = f"http://127.0.0.1:{ports.etcd}"
     peer = f"http://127.0.0.1:{ports.etcd_peer}"
@@ -34,7 +38,9 @@ def etcd(layout: Layout, settings: Settings, bin_dir: Path) -> Process:
         "--initial-cluster", f"{NODE_NAME}={peer}", "--initial-cluster-state", "new",
         "--log-level", "warn",
     ]  # fmt: skip
-    process = start(layout, "etcd", argv)
+    if not fsync:
+        argv.append("--unsafe-no-fsync")
+    process = start(layout, "etcd", argv, die_with_parent=die_with_parent)
     wait_until(
         "etcd healthy",
         lambda: health.answers(f"{client}/health"),
@@ -45,17 +51,25 @@ def etcd(layout: Layout, settings: Settings, bin_dir: Path) -> Process:
     return process
 
 
-def apiserver(layout: Layout, settings: Settings, bin_dir: Path) -> Process:
+def apiserver(layout: Layout, settings: Settings, bin_dir: Path, *, die_with_parent: bool = False) -> Process:
     """Bound to the node address only: pods reach it through the `kubernetes` Service, whose endpoint
     cannot be a loopback address. RBAC and Node authorization, ServiceAccount tokens, the default
-    admission plugins plus NodeRestriction, the audit log of every request."""
+    admission plugins plus NodeRestriction, the audit log of every request.
+
+    With ``settings.api_bind`` (a control plane without a node, apiserver_only.py): bound there
+    (127.0.0.1) and advertising it, with no endpoint reconciler. A loopback advertise address alone is
+    refused every 10 s (`Endpoints "kubernetes" is invalid: ... may not be in the loopback range`);
+    without one it advertises the host's default interface, an address not ours. With the reconciler
+    off the `kubernetes` Service has no endpoints: nothing runs in a pod there to use them."""
     pki = layout.pki
+    bind = settings.api_address
+    node_less = ["--endpoint-reconciler-type", "none"] if settings.api_bind else []
     policy = layout.config / "audit-policy.yaml"
     policy.write_text(AUDIT_POLICY)
     argv = [
         str(bin_dir / "kube-apiserver"),
         "--etcd-servers", f"http://127.0.0.1:{settings.ports.etcd}",
-        "--bind-address", settings.node_ip, "--advertise-address", settings.node_ip,
+        "--bind-address", bind, "--advertise-address", bind, *node_less,
         "--secure-port", str(settings.ports.apiserver),
         "--tls-cert-file", str(pki / "apiserver.crt"), "--tls-private-key-file", str(pki / "apiserver.key"),
         "--client-ca-file", str(pki / "ca.crt"),
@@ -80,7 +94,7 @@ def apiserver(layout: Layout, settings: Settings, bin_dir: Path) -> Process:
         "--proxy-client-key-file", str(pki / "front-proxy-client.key"),
         "--profiling=false",
     ]  # fmt: skip
-    process = start(layout, "kube-apiserver", argv)
+    process = start(layout, "kube-apiserver", argv, die_with_parent=die_with_parent)
     tls = health.admin_tls(layout)
     wait_until(
         "kube-apiserver /readyz",
@@ -92,10 +106,18 @@ def apiserver(layout: Layout, settings: Settings, bin_dir: Path) -> Process:
     return process
 
 
-def controller_manager(layout: Layout, settings: Settings, bin_dir: Path) -> Process:
+def controller_manager(
+    layout: Layout,
+    settings: Settings,
+    bin_dir: Path,
+    *,
+    controllers: Sequence[str] = (),
+    die_with_parent: bool = False,
+) -> Process:
     """No leader election (one of each), ServiceAccount credentials per controller, no node IPAM (the
     CNI plugin's host-local IPAM gives addresses), the flex-volume folder under DIR (it would create
-    one under /usr/libexec otherwise)."""
+    one under /usr/libexec otherwise). ``controllers``: only those (--controllers), else all the
+    default ones."""
     kubeconfig = str(layout.component_kubeconfig(CONTROLLER_MANAGER.name))
     pki = layout.pki
     argv = [
@@ -111,7 +133,9 @@ def controller_manager(layout: Layout, settings: Settings, bin_dir: Path) -> Pro
         "--allocate-node-cidrs=false",
         "--flex-volume-plugin-dir", str(layout.volume_plugins),
     ]  # fmt: skip
-    process = start(layout, "kube-controller-manager", argv)
+    if controllers:
+        argv += ["--controllers", ",".join(controllers)]
+    process = start(layout, "kube-controller-manager", argv, die_with_parent=die_with_parent)
     wait_until(
         "kube-controller-manager /healthz",
         lambda: health.answers(

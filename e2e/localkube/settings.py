@@ -21,7 +21,7 @@ BUSYBOX_IMAGE = "localkube.local/busybox:1"
 PROJECT_IMAGE = "localkube.local/pgherd:e2e"
 POSTGRES_MAJOR = 16
 S3_BUCKET = "pgherd-e2e"
-S3_SECRET = "pgherd-e2e-s3"  # in `default`, as e2e/emulated makes it
+S3_SECRET = "pgherd-e2e-s3"  # in `default`, copied into each scenario's namespace
 S3_REGION = "us-east-1"
 STORAGE_CLASS = "standard"  # kind's name for its default class, on the same provisioner
 # The chart as the README installs it.
@@ -93,6 +93,9 @@ class Settings:
     pod_cidr: str = "10.244.0.0/24"
     service_cidr: str = "10.96.0.0/24"
     ports: Ports = field(default_factory=Ports)
+    # Where the API server listens when not on the node address: 127.0.0.1 for a control plane
+    # without a node (apiserver_only.py). None (a cluster of `up`): the node address.
+    api_bind: str | None = None
 
     @property
     def node_ip(self) -> str:
@@ -115,11 +118,18 @@ class Settings:
         return f"/localkube-{self.bridge}"
 
     @property
+    def api_address(self) -> str:
+        return self.api_bind or self.node_ip
+
+    @property
     def api_url(self) -> str:
-        return f"https://{self.node_ip}:{self.ports.apiserver}"
+        return f"https://{self.api_address}:{self.ports.apiserver}"
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "ports": {"base": self.ports.base, **self.ports.all()}}
+        data = {**asdict(self), "ports": {"base": self.ports.base, **self.ports.all()}}
+        if self.api_bind is None:
+            del data["api_bind"]  # state.json of a cluster of `up` as before
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Settings:
@@ -128,6 +138,7 @@ class Settings:
             pod_cidr=str(data["pod_cidr"]),
             service_cidr=str(data["service_cidr"]),
             ports=Ports(base=int(data["ports"]["base"])),
+            api_bind=data.get("api_bind"),
         )
 
 

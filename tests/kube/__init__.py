@@ -1,1 +1,1 @@
-"""The Kubernetes adapter: builders, the emulated API server, the operator in-process."""
+"""The Kubernetes adapter: builders, observation, and the operator in-process against a real API server."""

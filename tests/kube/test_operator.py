@@ -1,72 +1,72 @@
-"""`pgherd operator` in-process (kopf's KopfRunner) against the emulated API server.
+"""`pgherd operator` in-process (kopf's KopfRunner) against the real API server (etcd, kube-apiserver and
+the controller-manager's garbage collector: e2e/localkube/apiserver_only.py), as the chart's
+ServiceAccount with the chart's RBAC, each test in its own namespace.
 
-No pod runs here (no kubelet): these tests cover what the operator does through the API alone — the
-objects a cluster owns, status, leader election, the switchover annotation's refusal, scale, deletion,
-bad input, and that every request it makes is one the chart's RBAC grants.
+No node runs here (no kubelet, no StatefulSet controller): these tests cover what the operator does
+through the API alone — the objects a cluster owns and their garbage collection, status, leader
+election on a real Lease, the switchover annotation's refusal, scale, deletion, a spec the CRD accepts
+and the operator refuses, a write the API server refuses, and that every request it makes is one the
+chart's RBAC grants. What the operator sent is read from the API server's audit log.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
-from kopf.testing import KopfRunner
 
 from pgherd.kube import names
-from pgherd.kube.api import Credentials
-from pgherd.kube.handlers import Election, Operator, build
-from pgherd.kube.loop import OperatorConfig
 
-from .conftest import TOKEN, USER
-from .emulator import EmulatedApiServer, calls_not_allowed
+from .realkube import (
+    ApiRefused,
+    AuditLog,
+    ChartIdentity,
+    Kube,
+    chart_election,
+    not_granted,
+    running_as,
+    token_credential,
+)
 from .waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
-NS = "apps"
-pytestmark = pytest.mark.kube_emulator(namespaces=[NS, "pgherd-system"])
+JSON = dict[str, Any]
 
 
-def cluster_manifest(name: str = "hippo", instances: int = 3, **spec: Any) -> dict[str, Any]:
+def cluster_manifest(ns: str, name: str = "hippo", instances: int = 3, **spec: Any) -> JSON:
     doc = yaml.safe_load((REPO / "examples" / "cluster-minimal.yaml").read_text())
-    doc["metadata"] = {"name": name, "namespace": NS}
+    doc["metadata"] = {"name": name, "namespace": ns}
     doc["spec"]["instances"] = instances
     doc["spec"].update(spec)
-    return doc
+    return dict(doc)
 
 
-@contextlib.contextmanager
-def running_operator(
-    server: EmulatedApiServer,
-    *,
-    election: Election | None = None,
-    token: str = TOKEN,
-    config: OperatorConfig | None = None,
-) -> Iterator[Operator]:
-    operator = Operator(
-        config=config or OperatorConfig(steady_interval=0.2, busy_interval=0.1),
-        election=election,
-        credentials=Credentials(server=server.url, token=token),
-    )
-    registry, settings = build(operator)
-    with KopfRunner(
-        ["run", "--standalone", "--namespace", NS], registry=registry, settings=settings, timeout=60
-    ) as runner:
-        yield operator
-    assert runner.exception is None, runner.output
-
-
-def owned_by(obj: dict[str, Any], uid: str) -> bool:
+def owned_by(obj: JSON, uid: str) -> bool:
     return any(
         o.get("uid") == uid and o.get("controller") for o in obj["metadata"].get("ownerReferences") or []
     )
+
+
+def cluster_in_phase(kube: Kube, ns: str, phase: str) -> JSON | None:
+    cluster = kube.read("postgresclusters", ns, "hippo")
+    return cluster if cluster and (cluster.get("status") or {}).get("phase") == phase else None
+
+
+def phase_other_than(kube: Kube, ns: str, *phases: str) -> str | None:
+    phase = ((kube.read("postgresclusters", ns, "hippo") or {}).get("status") or {}).get("phase")
+    return phase if phase and phase not in phases else None
+
+
+def absent(kube: Kube, resource: str, ns: str, name: str) -> Callable[[], bool]:
+    return lambda: kube.read(resource, ns, name) is None
+
+
+def events(kube: Kube, ns: str, keep: Callable[[JSON], bool]) -> list[JSON]:
+    return [e for e in kube.items("events", ns) if keep(e)]
 
 
 EXPECTED = {
@@ -79,13 +79,15 @@ EXPECTED = {
 }
 
 
-def test_a_cluster_gets_its_objects_and_status(kube_server: EmulatedApiServer) -> None:
-    created = kube_server.create(cluster_manifest())
-    uid = created["metadata"]["uid"]
-    with running_operator(kube_server):
+def test_a_cluster_gets_its_objects_and_status(
+    kube: Kube, namespace: str, chart_operator: ChartIdentity
+) -> None:
+    ns = namespace
+    uid = kube.create(cluster_manifest(ns))["metadata"]["uid"]
+    with running_as(chart_operator):
         cluster = eventually(
             lambda: (
-                (c := kube_server.read("postgresclusters", NS, "hippo"))
+                (c := kube.read("postgresclusters", ns, "hippo"))
                 and (c.get("status") or {}).get("phase")
                 and c
             ),
@@ -93,12 +95,12 @@ def test_a_cluster_gets_its_objects_and_status(kube_server: EmulatedApiServer) -
         )
         for kind, wanted in EXPECTED.items():
             for name in wanted:
-                obj = eventually(lambda k=kind, n=name: kube_server.read(k, NS, n), what=f"{kind}/{name}")
+                obj = eventually(partial(kube.read, kind, ns, name), what=f"{kind}/{name}")
                 assert owned_by(obj, uid), f"{kind}/{name} is not owned by the cluster"
                 assert obj["metadata"]["labels"][names.LABEL_CLUSTER] == "hippo"
         # The engine's first action: the first member (StatefulSet replicas 0 -> 1), to be seeded by initdb.
         sts = eventually(
-            lambda: (s := kube_server.read("statefulsets", NS, "hippo")) and s["spec"]["replicas"] == 1 and s,
+            lambda: (s := kube.read("statefulsets", ns, "hippo")) and s["spec"]["replicas"] == 1 and s,
             what="replicas 1",
         )
         assert sts["spec"]["updateStrategy"]["type"] == "OnDelete"
@@ -113,32 +115,39 @@ def test_a_cluster_gets_its_objects_and_status(kube_server: EmulatedApiServer) -
         assert "engine" in status
         # kopf's finalizer under pgherd.io names: the daemon needs it to stop before the object goes.
         assert names.FINALIZER in cluster["metadata"].get("finalizers", [])
-        secret = kube_server.read("secrets", NS, "hippo-operator")
+        secret = kube.read("secrets", ns, "hippo-operator")
         assert secret is not None
     # Secrets are created once and never overwritten: a second operator reads them back.
-    with running_operator(kube_server):
+    with running_as(chart_operator):
         time.sleep(1.0)
-        assert kube_server.read("secrets", NS, "hippo-operator")["data"] == secret["data"]
+        again = kube.read("secrets", ns, "hippo-operator")
+        assert again is not None and again["data"] == secret["data"]
+        assert again["metadata"]["resourceVersion"] == secret["metadata"]["resourceVersion"]
 
 
-def test_a_spec_change_is_observed(kube_server: EmulatedApiServer) -> None:
-    kube_server.create(cluster_manifest())
-    with running_operator(kube_server):
-        eventually(lambda: kube_server.read("poddisruptionbudgets", NS, "hippo"), what="the PDB")
+def test_a_spec_change_is_observed(
+    kube: Kube, namespace: str, chart_operator: ChartIdentity, audit: AuditLog
+) -> None:
+    ns, user = namespace, chart_operator.user
+    kube.create(cluster_manifest(ns))
+    with running_as(chart_operator):
+        eventually(lambda: kube.read("poddisruptionbudgets", ns, "hippo"), what="the PDB")
         eventually(
-            lambda: (kube_server.read("statefulsets", NS, "hippo") or {}).get("spec", {}).get("replicas"),
+            lambda: (kube.read("statefulsets", ns, "hippo") or {}).get("spec", {}).get("replicas"),
             what="the first member ordered",
         )
         time.sleep(0.5)
         # Settled, with no member to ask: ticks (every 0.2 s) cost no request at all.
-        mark = len(kube_server.calls)
+        mark = audit.fence()
         time.sleep(1.0)
-        idle = [c for c in kube_server.calls[mark:] if c.user == USER and c.verb != "watch"]
+        audit.fence()
+        idle = [e.short() for e in audit.of(user, mark) if e.verb != "watch"]
         assert not idle, idle
-        kube_server.merge("postgresclusters", NS, "hippo", {"spec": {"instances": 5}})
+        mark = audit.fence()
+        kube.merge("postgresclusters", ns, "hippo", {"spec": {"instances": 5}})
         cluster = eventually(
             lambda: (
-                (c := kube_server.read("postgresclusters", NS, "hippo"))
+                (c := kube.read("postgresclusters", ns, "hippo"))
                 and (c.get("status") or {}).get("observedGeneration") == c["metadata"]["generation"]
                 and c["metadata"]["generation"] > 1
                 and c
@@ -148,358 +157,417 @@ def test_a_spec_change_is_observed(kube_server: EmulatedApiServer) -> None:
         assert cluster["spec"]["instances"] == 5
         pdb = eventually(
             lambda: (
-                (p := kube_server.read("poddisruptionbudgets", NS, "hippo"))
-                and p["spec"]["minAvailable"] == 3
-                and p
+                (p := kube.read("poddisruptionbudgets", ns, "hippo")) and p["spec"]["minAvailable"] == 3 and p
             ),
             what="the PDB to keep a majority of 5",
         )
         assert pdb["spec"]["selector"]["matchLabels"][names.LABEL_CLUSTER] == "hippo"
+        time.sleep(0.5)
+        done = audit.of(user, mark)
         # What changed is patched, once: no create attempt answered 409 first.
-        budget_writes = [
-            (c.verb, c.code)
-            for c in kube_server.calls[mark:]
-            if c.user == USER and c.resource == "poddisruptionbudgets"
-        ]
+        budget_writes = [(e.verb, e.code) for e in done if e.resource == "poddisruptionbudgets"]
         assert budget_writes == [("patch", 200)], budget_writes
         # Nothing but the status is written to the cluster itself (kopf's diff-base annotation would be
         # one more write, and one more watch event, per spec change).
         own = [
-            (c.verb, c.subresource)
-            for c in kube_server.calls[mark:]
-            if c.user == USER and c.resource == "postgresclusters" and c.verb not in ("watch", "get", "list")
+            (e.verb, e.subresource)
+            for e in done
+            if e.resource == "postgresclusters" and e.verb not in ("watch", "get", "list")
         ]
         assert own and set(own) == {("patch", "status")}, own
 
 
-def test_a_one_instance_cluster_has_no_disruption_budget(kube_server: EmulatedApiServer) -> None:
-    kube_server.create(cluster_manifest(instances=2))
-    with running_operator(kube_server):
-        eventually(lambda: kube_server.read("poddisruptionbudgets", NS, "hippo"), what="the PDB")
-        kube_server.merge("postgresclusters", NS, "hippo", {"spec": {"instances": 1}})
-        eventually(
-            lambda: kube_server.read("poddisruptionbudgets", NS, "hippo") is None, what="the PDB to go"
-        )
+def test_a_one_instance_cluster_has_no_disruption_budget(
+    kube: Kube, namespace: str, chart_operator: ChartIdentity
+) -> None:
+    ns = namespace
+    kube.create(cluster_manifest(ns, instances=2))
+    with running_as(chart_operator):
+        eventually(lambda: kube.read("poddisruptionbudgets", ns, "hippo"), what="the PDB")
+        kube.merge("postgresclusters", ns, "hippo", {"spec": {"instances": 1}})
+        eventually(lambda: kube.read("poddisruptionbudgets", ns, "hippo") is None, what="the PDB to go")
 
 
 def test_an_unknown_switchover_target_is_refused_and_the_annotation_removed(
-    kube_server: EmulatedApiServer,
+    kube: Kube, namespace: str, chart_operator: ChartIdentity
 ) -> None:
-    manifest = cluster_manifest()
+    ns = namespace
+    manifest = cluster_manifest(ns)
     manifest["metadata"]["annotations"] = {names.ANNOTATION_SWITCHOVER: "hippo-9"}
-    kube_server.create(manifest)
-    with running_operator(kube_server):
+    kube.create(manifest)
+    with running_as(chart_operator):
         eventually(
             lambda: (
                 names.ANNOTATION_SWITCHOVER
                 not in (
-                    kube_server.read("postgresclusters", NS, "hippo")["metadata"].get("annotations") or {}
+                    (kube.read("postgresclusters", ns, "hippo") or {})["metadata"].get("annotations") or {}
                 )
             ),
             what="the annotation to be removed",
         )
-        events = eventually(
-            lambda: [
-                e for e in kube_server.items("events.k8s.io/v1/events", NS) if e.get("reason") == "Switchover"
-            ],
-            what="a Switchover event",
+        found = eventually(
+            lambda: events(kube, ns, lambda e: e.get("reason") == "Switchover"), what="a Switchover event"
         )
-        assert events[0]["type"] == "Warning" and "hippo-9" in events[0]["note"]
+        assert found[0]["type"] == "Warning" and "hippo-9" in found[0]["note"]
+        assert found[0]["regarding"]["name"] == "hippo"
 
 
-def test_deleting_a_cluster_runs_the_finalizer_and_leaves_nothing_blocked(
-    kube_server: EmulatedApiServer,
+def test_deleting_a_cluster_runs_the_finalizer_and_the_garbage_collector_removes_what_it_owned(
+    kube: Kube, namespace: str, chart_operator: ChartIdentity
 ) -> None:
-    kube_server.create(cluster_manifest())
-    with running_operator(kube_server):
-        eventually(lambda: kube_server.read("statefulsets", NS, "hippo"), what="the StatefulSet")
-        kube_server.remove("postgresclusters", NS, "hippo")
-        eventually(
-            lambda: kube_server.read("postgresclusters", NS, "hippo") is None, timeout=30, what="deletion"
-        )
-    # The garbage collector removes what the cluster owned.
-    eventually(lambda: kube_server.read("statefulsets", NS, "hippo") is None, what="the StatefulSet to go")
-    eventually(lambda: kube_server.read("services", NS, "hippo-rw") is None, what="the Services to go")
+    ns = namespace
+    kube.create(cluster_manifest(ns))
+    with running_as(chart_operator):
+        eventually(lambda: kube.read("statefulsets", ns, "hippo"), what="the StatefulSet")
+        eventually(lambda: kube.read("services", ns, "hippo-rw"), what="the Services")
+        kube.remove("postgresclusters", ns, "hippo")
+        eventually(lambda: kube.read("postgresclusters", ns, "hippo") is None, timeout=30, what="deletion")
+    # The controller-manager's garbage collector removes what the cluster owned (its ownerReferences).
+    for kind, wanted in EXPECTED.items():
+        for name in wanted:
+            eventually(absent(kube, kind, ns, name), what=f"{kind}/{name} to go")
 
 
-def data_volume(cluster: str, name: str) -> dict[str, Any]:
+def data_volume(ns: str, cluster: str, name: str) -> JSON:
     """A PVC as the StatefulSet controller makes it from the claim template (labelled with the cluster)."""
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": {"name": name, "namespace": NS, "labels": {names.LABEL_CLUSTER: cluster}},
+        "metadata": {"name": name, "namespace": ns, "labels": {names.LABEL_CLUSTER: cluster}},
         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
     }
 
 
 def test_deleting_a_cluster_keeps_its_volumes_unless_its_delete_policy_says_delete(
-    kube_server: EmulatedApiServer,
+    kube: Kube, namespace: str, chart_operator: ChartIdentity
 ) -> None:
-    kube_server.create(cluster_manifest(name="keep"))
-    kube_server.create(cluster_manifest(name="drop", storage={"size": "1Gi", "deletePolicy": "Delete"}))
+    ns = namespace
+    kube.create(cluster_manifest(ns, name="keep"))
+    kube.create(cluster_manifest(ns, name="drop", storage={"size": "1Gi", "deletePolicy": "Delete"}))
     volumes = {
         "keep": ["pgdata-keep-0", "pgdata-keep-1"],
         "drop": ["pgdata-drop-0", "pgdata-drop-1", "notes-drop"],  # the last is not a member's volume
     }
     for cluster, claims in volumes.items():
         for claim in claims:
-            kube_server.create(data_volume(cluster, claim))
-    with running_operator(kube_server):
+            made = kube.create(data_volume(ns, cluster, claim))
+            # Kubernetes' own protection: a claim goes only once no pod uses it (nothing here).
+            assert made["metadata"]["finalizers"] == ["kubernetes.io/pvc-protection"]
+    with running_as(chart_operator):
         for cluster in volumes:
-            eventually(
-                lambda c=cluster: kube_server.read("statefulsets", NS, c), what=f"{cluster}'s StatefulSet"
-            )
+            eventually(partial(kube.read, "statefulsets", ns, cluster), what=f"{cluster}'s StatefulSet")
         for cluster in volumes:
-            kube_server.remove("postgresclusters", NS, cluster)
+            kube.remove("postgresclusters", ns, cluster)
         for cluster in volumes:
-            eventually(
-                lambda c=cluster: kube_server.read("postgresclusters", NS, c) is None,
-                timeout=30,
-                what="deletion",
-            )
-    left = {p["metadata"]["name"] for p in kube_server.items("persistentvolumeclaims", NS)}
-    assert left == {"pgdata-keep-0", "pgdata-keep-1", "notes-drop"}
+            eventually(absent(kube, "postgresclusters", ns, cluster), timeout=30, what="deletion")
+    # The PVC protection controller lets the deleted claims go: none is used by a pod.
+    eventually(
+        lambda: (
+            {p["metadata"]["name"] for p in kube.items("persistentvolumeclaims", ns)}
+            == {"pgdata-keep-0", "pgdata-keep-1", "notes-drop"}
+        ),
+        what="only the member volumes of `drop` to go",
+    )
 
 
-@pytest.mark.kube_emulator(validators=[])
-def test_a_spec_the_crd_cannot_refuse_gets_a_condition_and_an_event(kube_server: EmulatedApiServer) -> None:
-    bad = cluster_manifest()
-    bad["spec"]["instances"] = 40  # beyond 15: refused by the schema on a real API server, not here
-    kube_server.create(bad)
-    with running_operator(kube_server):
-        cluster = eventually(lambda: cluster_in_phase(kube_server, "Failed"), what="phase Failed")
+# A spec the CRD accepts and the operator's model refuses. The CRD's patterns are evaluated by the API
+# server's Go regexp (RE2), where \s is ASCII whitespace ([\t\n\f\r ]); the operator's pydantic models
+# evaluate the same patterns with Rust's regex, where \s is Unicode whitespace. An S3 endpoint holding a
+# no-break space (U+00A0) matches `^https?://[^\s/]+(/.*)?$` on the API server, not in the operator.
+UNREADABLE_ENDPOINT = "http://minio\u00a0.example:9000"
+
+
+def store(endpoint: str) -> JSON:
+    return {"s3": {"bucket": "pgherd", "endpoint": endpoint, "credentials": {"secretName": "s3-keys"}}}
+
+
+def test_a_spec_the_crd_accepts_and_the_operator_refuses_gets_a_condition_and_an_event(
+    kube: Kube, namespace: str, chart_operator: ChartIdentity
+) -> None:
+    ns = namespace
+    # What the schema forbids (instances beyond 15) the API server itself refuses, with its message.
+    try:
+        kube.create(cluster_manifest(ns, name="too-big", instances=40))
+        raise AssertionError("instances 40 was accepted")
+    except ApiRefused as refused:
+        assert refused.status == 422
+        assert (
+            "spec.instances: Invalid value: 40: spec.instances in body should be less than or equal to 15"
+            in str(refused)
+        )
+    kube.create(cluster_manifest(ns, backup={"store": store(UNREADABLE_ENDPOINT)}))  # accepted
+    with running_as(chart_operator):
+        cluster = eventually(lambda: cluster_in_phase(kube, ns, "Failed"), what="phase Failed")
         ready = next(c for c in cluster["status"]["conditions"] if c["type"] == "Ready")
-        assert ready["status"] == "False" and "spec.instances" in ready["message"]
+        assert ready["status"] == "False" and ready["reason"] == "InvalidSpec"
+        assert "spec.backup.store.s3.endpoint" in ready["message"]
         eventually(
-            lambda: [
-                e
-                for e in kube_server.items("events.k8s.io/v1/events", NS)
-                if "spec.instances" in (e.get("note") or "")
-            ],
+            lambda: events(kube, ns, lambda e: "spec.backup.store.s3.endpoint" in (e.get("note") or "")),
             what="an Event naming the field",
         )
         time.sleep(0.5)
-        assert kube_server.read("statefulsets", NS, "hippo") is None  # nothing acted on a bad spec
+        assert kube.read("statefulsets", ns, "hippo") is None  # nothing acted on a bad spec
         # Corrected, the cluster is built; spoiled again and put back as it was, the Failed status
         # written meanwhile is replaced (the decision is the same as before the failure).
-        kube_server.merge("postgresclusters", NS, "hippo", {"spec": {"instances": 3}})
-        eventually(lambda: phase_other_than(kube_server, "Failed"), what="the phase to leave Failed")
-        eventually(lambda: kube_server.read("statefulsets", NS, "hippo"), what="the StatefulSet")
+        good = {"spec": {"backup": {"store": store("http://minio.example:9000")}}}
+        bad = {"spec": {"backup": {"store": store(UNREADABLE_ENDPOINT)}}}
+        kube.merge("postgresclusters", ns, "hippo", good)
+        eventually(lambda: phase_other_than(kube, ns, "Failed"), what="the phase to leave Failed")
+        eventually(lambda: kube.read("statefulsets", ns, "hippo"), what="the StatefulSet")
         time.sleep(0.5)
-        kube_server.merge("postgresclusters", NS, "hippo", {"spec": {"instances": 40}})
-        eventually(lambda: phase_other_than(kube_server, "Creating", "Pending"), what="phase Failed again")
-        kube_server.merge("postgresclusters", NS, "hippo", {"spec": {"instances": 3}})
-        eventually(lambda: phase_other_than(kube_server, "Failed"), what="the phase to leave Failed again")
+        kube.merge("postgresclusters", ns, "hippo", bad)
+        eventually(lambda: phase_other_than(kube, ns, "Creating", "Pending"), what="phase Failed again")
+        assert cluster_in_phase(kube, ns, "Failed")
+        kube.merge("postgresclusters", ns, "hippo", good)
+        eventually(lambda: phase_other_than(kube, ns, "Failed"), what="the phase to leave Failed again")
 
 
-def test_a_refused_object_write_fails_the_cluster_until_it_passes(kube_server: EmulatedApiServer) -> None:
-    """The API server refuses a write of an owned object (here: every PodDisruptionBudget write, 500):
-    a condition and an Event say so, nothing else is done meanwhile; once writes pass again the status
-    says what the engine decided, even though that decision was written before the failure."""
-    refusing = {"on": False}
+REFUSAL = "refused by the test's admission policy"
 
-    def inject() -> None:
-        emulator = kube_server.emulator
-        (
-            emulator[
-                lambda request: (
-                    refusing["on"]
-                    and request.method == "PATCH"
-                    and "/poddisruptionbudgets/" in str(request.url.path)
-                )
-            ]
-            << 500
-            << {"kind": "Status", "reason": "InternalError", "message": "etcd is slow"}
+
+def refuse_disruption_budget_updates(kube: Kube, ns: str) -> Callable[[], None]:
+    """A ValidatingAdmissionPolicy (CEL, admissionregistration.k8s.io/v1) and its binding: every
+    update (a PATCH is one) of a PodDisruptionBudget in `ns` is refused, 422 with REFUSAL, by the API
+    server's own admission. Returns what removes them."""
+    name = f"refuse-pdb-updates-{ns}"
+    kube.create(
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "resourceRules": [
+                        {
+                            "apiGroups": ["policy"],
+                            "apiVersions": ["v1"],
+                            "operations": ["UPDATE"],
+                            "resources": ["poddisruptionbudgets"],
+                        }
+                    ]
+                },
+                "validations": [{"expression": "false", "message": REFUSAL}],
+            },
+        }
+    )
+    kube.create(
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {
+                "policyName": name,
+                "validationActions": ["Deny"],
+                "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}},
+            },
+        }
+    )
+
+    def lift() -> None:
+        kube.remove("validatingadmissionpolicybindings", None, name)
+        kube.remove("validatingadmissionpolicies", None, name)
+
+    return lift
+
+
+def refused_now(kube: Kube, ns: str) -> bool:
+    """Whether a (dry-run) update of the cluster's PDB is refused by the policy at this moment: the API
+    server applies a new policy, and its removal, from its informers, a moment after they are written."""
+    try:
+        kube.merge(
+            "poddisruptionbudgets", ns, "hippo", {"metadata": {"labels": {"probe": "x"}}}, dry_run=True
         )
+    except ApiRefused as exc:
+        if exc.status == 422 and REFUSAL in str(exc):
+            return True
+        raise
+    return False
 
-    kube_server.call(inject)
-    kube_server.create(cluster_manifest())
-    with running_operator(kube_server):
-        eventually(lambda: phase_other_than(kube_server, "Failed"), what="a first status")
-        eventually(lambda: kube_server.read("statefulsets", NS, "hippo"), what="the StatefulSet")
-        refusing["on"] = True
-        kube_server.merge("postgresclusters", NS, "hippo", {"spec": {"instances": 5}})
-        cluster = eventually(lambda: cluster_in_phase(kube_server, "Failed"), what="phase Failed")
-        ready = next(c for c in cluster["status"]["conditions"] if c["type"] == "Ready")
-        assert ready["reason"] == "ObjectsFailed" and "etcd is slow" in ready["message"]
-        refusing["on"] = False
-        eventually(lambda: phase_other_than(kube_server, "Failed"), what="the phase to leave Failed")
+
+def test_a_refused_object_write_fails_the_cluster_until_it_passes(
+    kube: Kube, namespace: str, chart_operator: ChartIdentity, audit: AuditLog
+) -> None:
+    """The API server refuses a write of an owned object (here: every PodDisruptionBudget update, by an
+    admission policy): a condition and an Event say so, nothing else is done meanwhile; once writes pass
+    again the status says what the engine decided, even though that decision was written before the
+    failure."""
+    ns = namespace
+    kube.create(cluster_manifest(ns))
+    with running_as(chart_operator):
+        eventually(lambda: phase_other_than(kube, ns, "Failed"), what="a first status")
+        eventually(lambda: kube.read("statefulsets", ns, "hippo"), what="the StatefulSet")
+        eventually(lambda: kube.read("poddisruptionbudgets", ns, "hippo"), what="the PDB")
+        lift = refuse_disruption_budget_updates(kube, ns)
+        try:
+            eventually(lambda: refused_now(kube, ns), what="the policy in force")
+            kube.merge("postgresclusters", ns, "hippo", {"spec": {"instances": 5}})
+            cluster = eventually(lambda: cluster_in_phase(kube, ns, "Failed"), what="phase Failed")
+            ready = next(c for c in cluster["status"]["conditions"] if c["type"] == "Ready")
+            assert ready["reason"] == "ObjectsFailed" and REFUSAL in ready["message"], ready
+            eventually(
+                lambda: events(kube, ns, lambda e: REFUSAL in (e.get("note") or "")),
+                what="an Event with the refusal",
+            )
+            sts = kube.read("statefulsets", ns, "hippo")
+            assert sts is not None and sts["spec"]["replicas"] == 1  # nothing else done meanwhile
+            # While the writes are refused, Failed stands: the status is not written again at every
+            # tick (the engine's phase, then Failed: a flap readers would see), and reads see Failed.
+            mark = audit.fence()
+            phases = []
+            for _ in range(12):  # about 3 s: several ticks at the busy interval
+                phases.append(
+                    ((kube.read("postgresclusters", ns, "hippo") or {}).get("status") or {}).get("phase")
+                )
+                time.sleep(0.25)
+            audit.fence()
+            writes = [
+                e
+                for e in audit.of(chart_operator.user, since=mark)
+                if e.resource == "postgresclusters" and e.subresource == "status" and e.verb == "patch"
+            ]
+            assert set(phases) == {"Failed"} and writes == [], (phases, [w.short() for w in writes])
+        finally:
+            lift()
+        eventually(lambda: not refused_now(kube, ns), what="the policy lifted")
+        eventually(lambda: phase_other_than(kube, ns, "Failed"), what="the phase to leave Failed")
         eventually(
             lambda: (
-                (kube_server.read("poddisruptionbudgets", NS, "hippo") or {})
-                .get("spec", {})
-                .get("minAvailable")
+                (kube.read("poddisruptionbudgets", ns, "hippo") or {}).get("spec", {}).get("minAvailable")
                 == 3
             ),
             what="the PDB for 5 members",
         )
+    audit.fence()
+    refused = [
+        e for e in audit.of(chart_operator.user) if e.resource == "poddisruptionbudgets" and e.code == 422
+    ]
+    assert refused and all(e.verb == "patch" and REFUSAL in e.message for e in refused)
 
 
-def test_what_the_kubelet_reports_of_a_stuck_pod_becomes_a_condition_and_an_event(
-    kube_server: EmulatedApiServer,
+def test_leader_election_only_one_acts_and_the_other_takes_over(
+    kube: Kube, namespace: str, chart_operator: ChartIdentity, audit: AuditLog
 ) -> None:
-    """A member pod that cannot start (its S3 credentials Secret missing, its image not found, no node
-    with room) is reported as the kubelet and the scheduler say it: condition PodsHealthy False naming
-    the pod and the cause, and a Warning Event; when the pod starts, the condition turns True."""
-    kube_server.create(cluster_manifest())
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": "hippo-0",
-            "namespace": NS,
-            "labels": {names.LABEL_CLUSTER: "hippo", names.LABEL_COMPONENT: names.COMPONENT_POSTGRES},
-        },
-        "spec": {"containers": [{"name": names.CONTAINER_POSTGRES, "image": "x"}]},
-    }
-    waiting = {
-        "phase": "Pending",
-        "containerStatuses": [
-            {
-                "name": names.CONTAINER_POSTGRES,
-                "ready": False,
-                "restartCount": 0,
-                "image": "x",
-                "imageID": "",
-                "state": {
-                    "waiting": {
-                        "reason": "CreateContainerConfigError",
-                        "message": 'secret "backup-store" not found',
-                    }
-                },
-            }
-        ],
-    }
-    with running_operator(kube_server):
-        eventually(lambda: kube_server.read("statefulsets", NS, "hippo"), what="the StatefulSet")
-        kube_server.create(pod)
-        kube_server.merge("pods", NS, "hippo-0", {"status": waiting}, subresource="status")
-
-        def pods_healthy() -> dict[str, Any] | None:
-            status = (kube_server.read("postgresclusters", NS, "hippo") or {}).get("status") or {}
-            return next((c for c in status.get("conditions") or [] if c["type"] == "PodsHealthy"), None)
-
-        condition = eventually(
-            lambda: (c := pods_healthy()) and c["status"] == "False" and c, what="PodsHealthy False"
-        )
-        assert condition["reason"] == "CreateContainerConfigError"
-        assert "hippo-0" in condition["message"] and 'secret "backup-store" not found' in condition["message"]
-        (event,) = eventually(
-            lambda: [
-                e
-                for e in kube_server.items("events.k8s.io/v1/events", NS)
-                if e.get("reason") == "CreateContainerConfigError"
-            ],
-            what="a Warning Event",
-        )
-        assert event["type"] == "Warning" and "backup-store" in event["note"]
-        running = {
-            "phase": "Running",
-            "containerStatuses": [
-                {
-                    **waiting["containerStatuses"][0],
-                    "state": {"running": {"startedAt": "2026-11-24T00:00:00Z"}},
-                }
-            ],
-        }
-        kube_server.merge("pods", NS, "hippo-0", {"status": running}, subresource="status")
-        eventually(lambda: (c := pods_healthy()) and c["status"] == "True", what="PodsHealthy True")
-
-
-def cluster_in_phase(server: EmulatedApiServer, phase: str) -> dict[str, Any] | None:
-    cluster = server.read("postgresclusters", NS, "hippo")
-    return cluster if cluster and (cluster.get("status") or {}).get("phase") == phase else None
-
-
-def phase_other_than(server: EmulatedApiServer, *phases: str) -> str | None:
-    phase = ((server.read("postgresclusters", NS, "hippo") or {}).get("status") or {}).get("phase")
-    return phase if phase and phase not in phases else None
-
-
-@pytest.mark.kube_emulator(tokens={TOKEN: "tester", "first": "first", "second": "second"})
-def test_leader_election_only_one_acts_and_the_other_takes_over(kube_server: EmulatedApiServer) -> None:
-    """Two operators; each one's requests are told apart by its token. Only the Lease holder writes
-    the cluster's objects; when it stops, the other takes over within the lease duration."""
+    """Two replicas of the chart's operator (one ServiceAccount, a token each: the audit log tells their
+    requests apart by the token's credential id) on the Lease the chart names. Only the Lease holder
+    writes the cluster's objects; when it stops, the other takes over within the lease duration."""
+    ns, identity = namespace, chart_operator
     timing = {"lease_duration": 2.0, "renew_deadline": 1.5, "retry": 0.2}
-    first = Election(namespace="pgherd-system", name="pgherd-leader", identity="first", **timing)
-    second = Election(namespace="pgherd-system", name="pgherd-leader", identity="second", **timing)
-    kube_server.create(cluster_manifest())
-    with running_operator(kube_server, election=first, token="first") as one:
+    first_token, second_token = identity.token, identity.new_token()
+    second_credential = token_credential(second_token)
+    first = chart_election(identity, "first", **timing)
+    second = chart_election(identity, "second", **timing)
+    kube.create(cluster_manifest(ns))
+    with running_as(identity, election=first, token=first_token) as one:
         eventually(lambda: one.holding(), what="the first to lead")
-        with running_operator(kube_server, election=second, token="second") as two:
-            eventually(lambda: kube_server.read("statefulsets", NS, "hippo"), what="the StatefulSet")
+        with running_as(identity, election=second, token=second_token) as two:
+            eventually(lambda: kube.read("statefulsets", ns, "hippo"), what="the StatefulSet")
             time.sleep(1.0)
             assert one.holding() and not two.holding()
-            writes = [
-                c
-                for c in kube_server.calls
-                if c.user == "second" and c.verb in ("create", "patch", "update", "delete")
-            ]
-            assert [(c.resource, c.name) for c in writes if c.resource != "leases"] == []
-            lease = kube_server.read("leases", "pgherd-system", "pgherd-leader")
-            assert lease["spec"]["holderIdentity"] == "first"
-    kube_server.create(cluster_manifest(name="second-cluster"))
-    with running_operator(kube_server, election=second, token="second") as two:
+            audit.fence()
+            by_second = audit.of(identity.user, credential=second_credential)
+            assert any(e.resource == "leases" and e.verb == "get" for e in by_second), (
+                "the second never looked"
+            )
+            writes = [e.short() for e in by_second if e.write]
+            assert writes == [], writes
+            lease = kube.read("leases", identity.namespace, identity.lease)
+            assert lease is not None and lease["spec"]["holderIdentity"] == "first"
+    kube.create(cluster_manifest(ns, name="second-cluster"))
+    with running_as(identity, election=second, token=second_token) as two:
         eventually(lambda: two.holding(), timeout=10, what="the second to take over")
-        eventually(lambda: kube_server.read("statefulsets", NS, "second-cluster"), what="the second to act")
-        lease = kube_server.read("leases", "pgherd-system", "pgherd-leader")
+        eventually(lambda: kube.read("statefulsets", ns, "second-cluster"), what="the second to act")
+        lease = kube.read("leases", identity.namespace, identity.lease)
+        assert lease is not None
         assert lease["spec"]["holderIdentity"] == "second" and lease["spec"]["leaseTransitions"] >= 1
+    audit.fence()
+    taken = [
+        e
+        for e in audit.of(identity.user, credential=second_credential)
+        if e.resource == "leases" and e.verb == "update" and e.code == 200
+    ]
+    assert taken, "the second never wrote the Lease"
 
 
-# -- RBAC: every request the operator makes is one the chart grants ------------------------------------
+# -- RBAC: every request the operator makes is one the chart grants, read from the audit log ----------
 
 
-def find_helm() -> str | None:
-    local = REPO / ".tools" / "bin" / "helm"
-    return shutil.which("helm") or (str(local) if os.access(local, os.X_OK) else None)
-
-
-def chart_rules(*values: str) -> list[dict[str, Any]]:
-    helm = find_helm()
-    if helm is None:
-        pytest.fail("helm not found: run `make setup` (scripts/ensure-helm.sh)", pytrace=False)
-    rendered = subprocess.run(
-        [
-            helm,
-            "template",
-            "pgherd",
-            str(REPO / "charts" / "pgherd"),
-            "--namespace",
-            "pgherd-system",
-            *values,
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout
-    rules: list[dict[str, Any]] = []
-    for doc in yaml.safe_load_all(rendered):
-        if doc and doc["kind"] in ("ClusterRole", "Role"):
-            rules += doc.get("rules") or []
-    return rules
-
-
-def test_every_request_is_granted_by_the_chart(kube_server: EmulatedApiServer) -> None:
-    """The requests of the tests above (objects, status, events, annotation, election), checked against
-    the rendered ClusterRole and the leader-election Role."""
-    election = Election(namespace="pgherd-system", name="pgherd-leader", identity="solo")
-    manifest = cluster_manifest(storage={"size": "1Gi", "deletePolicy": "Delete"})
+def exercise(kube: Kube, ns: str, identity: ChartIdentity) -> None:
+    """What the operator does in the tests above, in one run: objects, status, events, the switchover
+    annotation, scale-down (a PDB deleted), deletion with its volumes (deletePolicy Delete), on the
+    Lease the chart names."""
+    manifest = cluster_manifest(ns, storage={"size": "1Gi", "deletePolicy": "Delete"})
     manifest["metadata"]["annotations"] = {names.ANNOTATION_SWITCHOVER: "hippo-9"}
-    kube_server.create(manifest)
-    kube_server.create(data_volume("hippo", "pgdata-hippo-0"))
-    with running_operator(kube_server, election=election):
-        eventually(lambda: kube_server.read("poddisruptionbudgets", NS, "hippo"), what="the PDB")
-        kube_server.merge("postgresclusters", NS, "hippo", {"spec": {"instances": 1}})
-        eventually(
-            lambda: kube_server.read("poddisruptionbudgets", NS, "hippo") is None, what="the PDB to go"
-        )
-        kube_server.remove("postgresclusters", NS, "hippo")
-        eventually(
-            lambda: kube_server.read("postgresclusters", NS, "hippo") is None, timeout=30, what="deletion"
-        )
-    operator_calls = [c for c in kube_server.calls if c.user == "tester"]
-    assert operator_calls, "no request recorded"
-    assert any(c.resource == "persistentvolumeclaims" and c.verb == "delete" for c in operator_calls)
-    denied = calls_not_allowed(operator_calls, chart_rules("--set", "watchNamespaces={apps}"))
-    assert denied == [], "requests the chart does not grant:\n" + "\n".join(str(c.astuple()) for c in denied)
+    kube.create(manifest)
+    kube.create(data_volume(ns, "hippo", "pgdata-hippo-0"))
+    # Renewed every 0.2 s: the Lease's update is exercised too.
+    election = chart_election(identity, "solo", lease_duration=2.0, renew_deadline=1.5, retry=0.2)
+    with running_as(identity, election=election):
+        eventually(lambda: phase_other_than(kube, ns, "Failed"), what="a status")
+        eventually(lambda: kube.read("poddisruptionbudgets", ns, "hippo"), what="the PDB")
+        kube.merge("postgresclusters", ns, "hippo", {"spec": {"instances": 1}})
+        eventually(lambda: kube.read("poddisruptionbudgets", ns, "hippo") is None, what="the PDB to go")
+        kube.remove("postgresclusters", ns, "hippo")
+        eventually(lambda: kube.read("postgresclusters", ns, "hippo") is None, timeout=30, what="deletion")
+
+
+def rbac_problems(audit: AuditLog, identity: ChartIdentity) -> tuple[list[str], list[str]]:
+    """(the requests of the identity the API server refused with 403, those the chart's rules do not
+    grant), from the audit log."""
+    audit.fence()
+    done = audit.of(identity.user)
+    refused = sorted({e.short() for e in done if e.code == 403})
+    ungranted = sorted({e.short() for e in not_granted(done, identity.rules)})
+    return refused, ungranted
+
+
+def test_every_request_is_granted_by_the_chart(
+    kube: Kube, namespace: str, chart_operator: ChartIdentity, audit: AuditLog
+) -> None:
+    exercise(kube, namespace, chart_operator)
+    refused, ungranted = rbac_problems(audit, chart_operator)
+    used = {(e.verb, e.rbac_resource) for e in audit.of(chart_operator.user)}
+    # The run did exercise the rules that matter (else the check below proves little).
+    for wanted in [
+        ("create", "statefulsets"),
+        ("patch", "postgresclusters/status"),
+        ("patch", "postgresclusters"),
+        ("delete", "poddisruptionbudgets"),
+        ("delete", "persistentvolumeclaims"),
+        ("create", "events"),
+        ("create", "leases"),
+        ("update", "leases"),
+        ("watch", "postgresclusters"),
+    ]:
+        assert wanted in used, f"{wanted} not exercised; used: {sorted(used)}"
+    assert refused == [], refused
+    assert ungranted == [], "requests the chart's rules do not grant:\n" + "\n".join(ungranted)
+
+
+def test_a_rule_taken_from_the_chart_shows_as_refused_requests(
+    kube: Kube, namespace: str, chart_operator_factory: Callable[..., ChartIdentity], audit: AuditLog
+) -> None:
+    """The check above can fail: without the chart's rule on PodDisruptionBudgets, the API server
+    refuses the operator's requests on them (403 in the audit log), and the static check finds them
+    ungranted; the cluster reports the failure."""
+
+    def without_budgets(docs: list[JSON]) -> None:
+        (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+        role["rules"] = [r for r in role["rules"] if "poddisruptionbudgets" not in r["resources"]]
+
+    identity = chart_operator_factory(edit=without_budgets, refusals=True)
+    ns = namespace
+    kube.create(cluster_manifest(ns))
+    with running_as(identity):
+        cluster = eventually(lambda: cluster_in_phase(kube, ns, "Failed"), what="phase Failed")
+        ready = next(c for c in cluster["status"]["conditions"] if c["type"] == "Ready")
+        assert ready["reason"] == "ObjectsFailed" and "poddisruptionbudgets" in ready["message"], ready
+    refused, ungranted = rbac_problems(audit, identity)
+    assert refused and all(
+        "policy/poddisruptionbudgets" in line and line.endswith("-> 403") for line in refused
+    )
+    assert any(
+        line.startswith(("get policy/poddisruptionbudgets", "create policy/poddisruptionbudgets"))
+        for line in refused
+    )
+    assert ungranted and all("policy/poddisruptionbudgets" in line for line in ungranted), ungranted

@@ -1,7 +1,8 @@
 """Restores on Kubernetes (operator/pgherd/kube/restores.py): the record of which member's agent runs
 which restore survives an operator restart (an annotation on the PostgresCluster, read back by a new
 Restores), the engine's restore job comes from that member's /status, and the Restore's status gets
-its progress and snapshot. The restore itself, by a real agent, is in test_operator_members.py."""
+its progress and snapshot. Against the real API server, as the chart's ServiceAccount; the requests
+counted from the audit log. The restore itself, by a real agent, is in test_operator_members.py."""
 
 from __future__ import annotations
 
@@ -14,48 +15,48 @@ import pytest
 
 from pgherd.engine.view import JobState
 from pgherd.kube import names
-from pgherd.kube.api import Credentials, KubeApi
+from pgherd.kube.api import KubeApi
 from pgherd.kube.observe import ClusterObjects
 from pgherd.kube.restores import RestoreRecord, Restores, snapshot_to_restore
 from pgherd_backup.agent.wire import Status
 
-from .conftest import TOKEN
-from .emulator import EmulatedApiServer
+from .realkube import AuditLog, ChartIdentity, Kube
 
-NS = "apps"
+NS = "apps"  # of the tests without an API server
 STARTED = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
-pytestmark = pytest.mark.kube_emulator(namespaces=[NS])
 
 
 def agent(**fields: Any) -> Status:
     return Status.from_dict({"member": "db-0", "cluster": "db", "fenced": True, **fields})
 
 
-def restore_manifest(name: str = "r1") -> dict[str, Any]:
+def restore_manifest(name: str = "r1", ns: str = NS) -> dict[str, Any]:
     return {
         "apiVersion": names.API_VERSION,
         "kind": "Restore",
-        "metadata": {"name": name, "namespace": NS},
+        "metadata": {"name": name, "namespace": ns},
         "spec": {"cluster": {"name": "db"}, "snapshotId": "20261123T110000000Z"},
     }
 
 
-def cluster_manifest() -> dict[str, Any]:
+def cluster_manifest(ns: str = NS) -> dict[str, Any]:
     return {
         "apiVersion": names.API_VERSION,
         "kind": "PostgresCluster",
-        "metadata": {"name": "db", "namespace": NS},
+        "metadata": {"name": "db", "namespace": ns},
         "spec": {"instances": 1},
     }
 
 
-def test_the_record_survives_a_restart_and_the_job_is_the_agents(kube_server: EmulatedApiServer) -> None:
-    kube_server.create(cluster_manifest())
+def test_the_record_survives_a_restart_and_the_job_is_the_agents(
+    kube: Kube, namespace: str, chart_operator: ChartIdentity
+) -> None:
+    kube.create(cluster_manifest(namespace))
 
     async def scenario() -> None:
-        api = KubeApi(Credentials(server=kube_server.url, token=TOKEN))
+        api = KubeApi(chart_operator.credentials())
         try:
-            first = Restores(api, NS, "db")
+            first = Restores(api, namespace, "db")
             assert first.job_views({}) == ()  # nothing taken: the engine asks for the restore
             await first.save(RestoreRecord("r1", "db-0", STARTED))
         finally:
@@ -63,8 +64,10 @@ def test_the_record_survives_a_restart_and_the_job_is_the_agents(kube_server: Em
 
     asyncio.run(scenario())
     # A restarted operator reads it back from the cluster and follows the same restore.
-    second = Restores(None, NS, "db")  # type: ignore[arg-type]  # reading needs no API
-    second.load(kube_server.read("postgresclusters", NS, "db"))
+    second = Restores(None, namespace, "db")  # type: ignore[arg-type]  # reading needs no API
+    stored = kube.read("postgresclusters", namespace, "db")
+    assert stored is not None
+    second.load(stored)
     assert second.record == RestoreRecord("r1", "db-0", STARTED)
     assert second.taken("r1") and not second.taken("r2")
 
@@ -124,9 +127,12 @@ def test_an_expired_backup_is_never_restored() -> None:
     )
 
 
-def test_progress_and_snapshot_reach_the_restore_once(kube_server: EmulatedApiServer) -> None:
-    kube_server.create(cluster_manifest())
-    kube_server.create(restore_manifest())
+def test_progress_and_snapshot_reach_the_restore_once(
+    kube: Kube, namespace: str, chart_operator: ChartIdentity, audit: AuditLog
+) -> None:
+    ns = namespace
+    kube.create(cluster_manifest(ns))
+    kube.create(restore_manifest(ns=ns))
     progress = {
         "name": "restore",
         "stage": "restoring",
@@ -137,11 +143,11 @@ def test_progress_and_snapshot_reach_the_restore_once(kube_server: EmulatedApiSe
     }
 
     async def scenario() -> None:
-        api = KubeApi(Credentials(server=kube_server.url, token=TOKEN))
+        api = KubeApi(chart_operator.credentials())
         try:
-            restores = Restores(api, NS, "db")
+            restores = Restores(api, ns, "db")
             restores.record = RestoreRecord("r1", "db-0", STARTED)
-            objects = ClusterObjects(cluster=cluster_manifest(), restores=[restore_manifest()])
+            objects = ClusterObjects(cluster=cluster_manifest(ns), restores=[restore_manifest(ns=ns)])
             statuses = {"db-0": agent(action="restore", actionProgress=progress)}
             await restores.follow(objects, statuses)
             await restores.follow(objects, statuses)  # unchanged: not written again
@@ -149,11 +155,16 @@ def test_progress_and_snapshot_reach_the_restore_once(kube_server: EmulatedApiSe
             await api.close()
 
     asyncio.run(scenario())
-    status = kube_server.read("restores", NS, "r1")["status"]
+    restore = kube.read("restores", ns, "r1")
+    assert restore is not None
+    status = restore["status"]
     assert status["progress"] == {"bytesDone": 100, "bytesTotal": 400}
     assert status["snapshotId"] == "20261123T110000000Z"
-    patches = [c for c in kube_server.calls if c.resource == "restores" and c.verb == "patch"]
-    assert len(patches) == 1
+    audit.fence()
+    patches = [
+        (e.subresource, e.code) for e in audit.of(chart_operator.user) if e.resource == "restores" and e.write
+    ]
+    assert patches == [("status", 200)], patches
 
 
 def test_kept_data_since_the_restore_started() -> None:
@@ -172,16 +183,16 @@ def test_kept_data_since_the_restore_started() -> None:
 
 
 def test_a_status_read_before_the_agent_took_the_restore_says_nothing_of_it(
-    kube_server: EmulatedApiServer,
+    kube: Kube, namespace: str, chart_operator: ChartIdentity
 ) -> None:
     """The loop reads the agents while the restore order is in flight: a status read before the record
     was saved cannot know the restore, and must not fail it ("no record")."""
-    kube_server.create(cluster_manifest())
+    kube.create(cluster_manifest(namespace))
 
     async def scenario() -> None:
-        api = KubeApi(Credentials(server=kube_server.url, token=TOKEN))
+        api = KubeApi(chart_operator.credentials())
         try:
-            restores = Restores(api, NS, "db")
+            restores = Restores(api, namespace, "db")
             observed_at = time.monotonic()  # the tick's read starts...
             await restores.save(RestoreRecord("r1", "db-0", STARTED))  # ...the agent takes the order
             (view,) = restores.job_views({"db-0": agent()}, observed_at)

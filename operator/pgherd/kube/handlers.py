@@ -56,6 +56,7 @@ class Operator:
     # What kopf logs in with when the credentials were discovered here: the same server, token and CA.
     login_info: kopf.ConnectionInfo | None = None
     api: KubeApi | None = None
+    election_api: KubeApi | None = None
     leader: LeaderElector | AlwaysLeader | None = None
     wakeups: Wakeups = field(default_factory=Wakeups)
     loops: dict[tuple[str, str], ClusterLoop] = field(default_factory=dict)
@@ -130,8 +131,10 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
             operator.leader = AlwaysLeader()
         else:
             e = operator.election
+            # Its own connections: a Lease renewal never waits behind the clusters' requests.
+            operator.election_api = KubeApi(operator.credentials, pool=2, user_agent="pgherd-leader-election")
             operator.leader = LeaderElector(
-                operator.api,
+                operator.election_api,
                 e.namespace,
                 e.name,
                 e.identity,
@@ -147,8 +150,9 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
             operator._election_task.cancel()
         for loop in list(operator.loops.values()):
             await loop.close()
-        if operator.api is not None:
-            await operator.api.close()
+        for api in (operator.api, operator.election_api):
+            if api is not None:
+                await api.close()
 
     cluster_labels = {names.LABEL_CLUSTER: kopf.PRESENT}
 

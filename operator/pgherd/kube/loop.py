@@ -115,6 +115,7 @@ class ClusterLoop:
         self.spec_error: str | None = None
         self.expanded_to: str | None = None
         self.polled = False  # the last tick asked at least one agent
+        self.objects_refused = False  # the last tick's owned objects were refused: Failed stands
         self._parsed: tuple[tuple[object, object], tuple[PostgresClusterSpec, str, str]] | None = None
         self.crash_point = CrashPoint.from_env()  # tests only (crashpoint.py)
 
@@ -190,6 +191,12 @@ class ClusterLoop:
             statuses=statuses,
             extra=[pods_healthy(problems)],
         )
+        if self.objects_refused:
+            # The Failed status stands until the owned objects pass: writing the engine's status first
+            # at every tick, then Failed again, would flap the phase for every reader.
+            if not self.holding() or not await self._reconcile_objects(body, spec, image, revision, objects):
+                return
+            self.objects_refused = False
         if self.status_doc is None or not unchanged(document, self.status_doc):
             if not self.holding():
                 return
@@ -245,6 +252,7 @@ class ClusterLoop:
         try:
             await self.owned.ensure(body, spec, image, revision)
         except ApiError as exc:
+            self.objects_refused = True
             await self._report_failure(
                 body, "ObjectsFailed", f"cannot create or update the cluster's objects: {exc}"
             )

@@ -5,7 +5,7 @@ the only impure functions of the builders, called only when a Secret is missing.
 (`*_secret`) take that data and return the Secret object. The adapter creates a Secret only when it is
 missing and never overwrites one: the values live in the Secret alone, never in logs, events, status,
 labels or annotations. Every Secret carries its values base64-encoded in `data` (never `stringData`):
-what is written is what is read back, by the API server and by an emulator alike.
+what is written is what is read back, by the API server.
 
 Trust between the operator and the agents: the operator's Secret holds the bearer token and the
 cluster CA's key and is mounted in no pod; the agent's Secret, mounted in every member, holds the
