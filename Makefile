@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint typecheck unit demo crds bench-backup bench-failover clean
+.PHONY: setup setup-kube test lint typecheck unit demo crds bench-backup bench-failover clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,6 +16,10 @@ $(STAMP): pyproject.toml constraints.txt
 setup: $(STAMP)
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-helm.sh
+
+## make setup-kube: what the localkube e2e driver needs (as root): the node's Debian packages and the
+## Kubernetes commands built from their Go modules (about 15 minutes the first time, then nothing).
+setup-kube: setup
 	bash scripts/ensure-localkube.sh
 
 lint: $(STAMP)
@@ -28,7 +32,7 @@ typecheck: $(STAMP)
 ## make test: set up everything, then ruff, mypy and the whole pytest suite (the e2e scenarios on the
 ## sandbox, the `local` driver), then the e2e scenarios again on a real single-node Kubernetes on this
 ## machine, the chart's operator included (the `localkube` driver: python -m e2e.localkube, docs/e2e.md).
-test: setup lint typecheck
+test: setup setup-kube lint typecheck
 	PATH="$(CURDIR)/.tools/bin:$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest
 	PATH="$(CURDIR)/.tools/bin:$(CURDIR)/$(BIN):$$PATH" PGHERD_E2E_DRIVER=localkube $(BIN)/pytest e2e
 

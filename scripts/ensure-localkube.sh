@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything `python -m e2e.localkube up` needs on a fresh Debian machine (make setup runs it):
+# Everything `python -m e2e.localkube up` needs on a fresh Debian machine (make setup-kube runs it):
 # the node's Debian packages (containerd, runc, the CNI plugins, iptables, conntrack, ...; the image's
 # tools, debootstrap and podman, are installed by scripts/build-image.sh when it first runs), then the
 # Kubernetes binaries built from Kubernetes' own Go modules (scripts/ensure-kubernetes.sh: about 12
