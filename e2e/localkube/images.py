@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import tarfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -126,8 +127,17 @@ def ctr(layout: Layout, *args: str) -> str:
 
 def import_archive(layout: Layout, archive: Path, name: str, *extra_names: str) -> None:
     """Import an OCI archive as `name` (its index kept under that name, whatever the archive's own
-    annotations say), then give it `extra_names` too."""
-    ctr(layout, "images", "import", "--index-name", name, str(archive))
+    annotations say), then give it `extra_names` too. Tried three times: once, right after the archive
+    was written anew, containerd 1.6 refused it ("content digest sha256:...: not found") and took the
+    same file at the next attempt."""
+    for attempt in range(3):
+        try:
+            ctr(layout, "images", "import", "--index-name", name, str(archive))
+            break
+        except ImageError as exc:
+            if attempt == 2 or "not found" not in str(exc):
+                raise
+            time.sleep(2)
     for extra in extra_names:
         ctr(layout, "images", "tag", "--force", name, extra)
 

@@ -68,3 +68,40 @@ def test_any_other_action_sent_to_the_member_forgets_the_fence() -> None:
         await remote.close()
 
     asyncio.run(scenario())
+
+
+def test_a_long_action_to_a_pod_gone_does_not_hold_back_the_members_new_pod() -> None:
+    """Seen on localkube: a rejoin sent to the old primary's terminating pod (its address no longer
+    answers: the call waits for its timeout) kept the member busy, and the rejoin of its new pod, up at
+    once on another address, waited about two minutes. A long action is busy only for the pod it went to."""
+
+    async def run() -> None:
+        remote = agents()
+        release = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        calls: list[str] = []
+
+        def stuck(client: AgentClient) -> ActionResult:
+            calls.append(client.base_url)
+            asyncio.run_coroutine_threadsafe(release.wait(), loop).result()
+            return ActionResult("rejoin")
+
+        def quick(client: AgentClient) -> ActionResult:
+            calls.append(client.base_url)
+            return ActionResult("rejoin")
+
+        assert remote.spawn("db-0", "10.0.0.5", "rejoin", stuck)
+        await asyncio.sleep(0.05)
+        assert remote.busy("db-0", "10.0.0.5") and not remote.spawn("db-0", "10.0.0.5", "rejoin", quick)
+        # Its new pod, on another address: not busy; the rejoin goes there at once.
+        assert not remote.busy("db-0", "10.0.0.9")
+        assert remote.spawn("db-0", "10.0.0.9", "rejoin", quick)
+        for _ in range(100):
+            if len(calls) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert calls == ["https://10.0.0.5:8008", "https://10.0.0.9:8008"]
+        release.set()
+        await remote.close()
+
+    asyncio.run(run())

@@ -255,7 +255,7 @@ async def unfence(ctx: ActContext, action: act.Unfence) -> None:
 
 async def promote(ctx: ActContext, action: act.Promote) -> None:
     ip = _ip(ctx, action.member)
-    if ip is None or ctx.agents.busy(action.member):
+    if ip is None or ctx.agents.busy(action.member, ip):
         return
     await ctx.agents.call(action.member, ip, "promote", lambda c: c.promote(reason=action.reason))
 
@@ -274,7 +274,7 @@ async def set_primary(ctx: ActContext, action: act.SetPrimary) -> None:
 
 async def set_sync(ctx: ActContext, action: act.SetSynchronousStandbys) -> None:
     ip = _ip(ctx, action.member)
-    if ip is None or ctx.agents.busy(action.member):
+    if ip is None or ctx.agents.busy(action.member, ip):
         return
     value = action.config.render()
     status = _status(ctx, action.member)

@@ -75,7 +75,8 @@ class Agents:
             folder = Path(tempfile.mkdtemp(prefix=f"pgherd-{cluster}-"))
             self._ca_file = folder / "ca.crt"
             self._ca_file.write_text(ca_pem)
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        # member -> (the address its long action went to, the task awaiting the answer)
+        self._tasks: dict[str, tuple[str, asyncio.Task[None]]] = {}
         self._fenced: dict[str, Fenced] = {}
 
     def client(self, member: str, ip: str) -> AgentClient:
@@ -114,9 +115,13 @@ class Agents:
         _log(member, what, result)
         return result
 
-    def busy(self, member: str) -> bool:
-        task = self._tasks.get(member)
-        return task is not None and not task.done()
+    def busy(self, member: str, ip: str | None = None) -> bool:
+        """A long action of the member's is awaited; with ``ip``, one sent to that address: an action sent
+        to a pod that is gone (the call waits for its timeout) does not hold back the member's new pod."""
+        running = self._tasks.get(member)
+        if running is None or running[1].done():
+            return False
+        return ip is None or running[0] == ip
 
     def spawn(
         self,
@@ -128,8 +133,13 @@ class Agents:
     ) -> bool:
         """Start a long action in the background unless one already runs on the member; ``then`` is
         given its result once the agent answered (not when the call failed)."""
-        if self.busy(member):
+        if self.busy(member, ip):
             return False
+        previous = self._tasks.pop(member, None)
+        if previous is not None and not previous[1].done():
+            # Sent to a pod that is gone: its answer no longer matters (the thread ends at its timeout).
+            log.info("%s of %s: its pod at %s is gone, the answer is not awaited", what, member, previous[0])
+            previous[1].cancel()
         self._fenced.pop(member, None)
         client = self.client(member, ip)
 
@@ -145,7 +155,7 @@ class Agents:
             except Exception:
                 log.exception("%s of %s failed", what, member)
 
-        self._tasks[member] = asyncio.get_running_loop().create_task(run(), name=f"{what} {member}")
+        self._tasks[member] = (ip, asyncio.get_running_loop().create_task(run(), name=f"{what} {member}"))
         return True
 
     def remember_fence(self, member: str, volume_uid: str | None, result: ActionResult) -> None:
@@ -167,9 +177,9 @@ class Agents:
         return out
 
     async def close(self) -> None:
-        for task in self._tasks.values():
+        for _, task in self._tasks.values():
             task.cancel()
-        for task in self._tasks.values():
+        for _, task in self._tasks.values():
             with contextlib.suppress(asyncio.CancelledError, Exception):  # closing: results no longer matter
                 await task
         self._tasks.clear()
