@@ -160,7 +160,9 @@ class PgherdSystem:
                 healthy(3)(s)
                 and all(m.get("streaming", True) for m in s["members"] if m.get("role") == "replica")
             ),
-            180,
+            # A container the kubelet restarted after a crash before waits out its back-off (10 s, 20 s,
+            # 40 s, ... up to 5 minutes) when it crashes again: on localkube the member is back later.
+            180 if isinstance(self.driver, LocalDriver) else 600,
             "a healthy 3-member cluster with streaming replicas",
         )
 
