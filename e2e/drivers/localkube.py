@@ -26,6 +26,7 @@ into each scenario's namespace.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import signal
@@ -33,10 +34,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from e2e.driver import DriverError
+import psycopg
+
+from e2e.driver import ClusterStatus, DriverError
 from e2e.drivers.kube import (
     POSTGRES_PORT,
     REPO_ROOT,
@@ -49,6 +53,7 @@ from e2e.drivers.kube import (
 )
 
 UP_TIMEOUT = 1800.0  # a cold start builds the image
+RW_ROUTE_WAIT = 20.0
 CONTAINER = "postgres"
 
 
@@ -178,6 +183,27 @@ class LocalKubeDriver(KubeDriver):
     def rw_dsn(self) -> str:
         service = self.get("services", f"{self.cluster}-rw")
         return self.dsn(str(service["spec"]["clusterIP"]), POSTGRES_PORT)
+
+    def wait_for(
+        self, predicate: Callable[[ClusterStatus], bool], timeout: float, what: str
+    ) -> ClusterStatus:
+        """As every driver's, and once the status shows a Running cluster with a primary, until the -rw
+        Service reaches a writable member: kube-proxy applies a change of its endpoints a moment (up to
+        its 1 s sync period and more under load) after the operator moved the label, and a client that
+        connects in between is refused, as any client of a Service is. Not waited for past RW_ROUTE_WAIT:
+        the scenario's own check then fails with what it sees."""
+        status = super().wait_for(predicate, timeout, what)
+        if status.get("phase") == "Running" and status.get("primary"):
+            deadline = time.monotonic() + RW_ROUTE_WAIT
+            while time.monotonic() < deadline:
+                with (
+                    contextlib.suppress(psycopg.Error, DriverError),
+                    psycopg.connect(self.rw_dsn(), connect_timeout=2) as conn,
+                ):
+                    if conn.execute("SELECT NOT pg_is_in_recovery()").fetchone() == (True,):
+                        break
+                time.sleep(0.2)
+        return status
 
     def status_rw_dsn(self) -> str | None:
         try:
