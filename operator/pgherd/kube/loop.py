@@ -191,12 +191,13 @@ class ClusterLoop:
             statuses=statuses,
             extra=[pods_healthy(problems)],
         )
+        reconciled = False
         if self.objects_refused:
             # The Failed status stands until the owned objects pass: writing the engine's status first
             # at every tick, then Failed again, would flap the phase for every reader.
             if not self.holding() or not await self._reconcile_objects(body, spec, image, revision, objects):
                 return
-            self.objects_refused = False
+            self.objects_refused, reconciled = False, True
         if self.status_doc is None or not unchanged(document, self.status_doc):
             if not self.holding():
                 return
@@ -208,7 +209,7 @@ class ClusterLoop:
         self._log_phase(decision)
         for problem in problems:  # an Event each (the same one is not posted again for 5 minutes)
             await self.events.record(body, RecordEvent(problem.reason, problem.describe(), warning=True))
-        if not await self._reconcile_objects(body, spec, image, revision, objects):
+        if not reconciled and not await self._reconcile_objects(body, spec, image, revision, objects):
             return
         await self._clear_switchover(body, decision, switchover_to, {m.name for m in view.existing()})
         context = ActContext(
