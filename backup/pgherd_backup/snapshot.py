@@ -316,6 +316,18 @@ def _compress_flags(site: str, options: SnapshotOptions) -> list[str]:
     return [f"--compress={spec}", *extra]
 
 
+def _client_for(info: SourceInfo) -> PgBinaries:
+    """pg_basebackup of the source's own major when it is here (a cluster upgraded to a major newer
+    than the default programs: an older pg_basebackup refuses a newer server), else the default."""
+    default = PgBinaries.find()
+    if info.major and info.major != default.major:
+        try:
+            return PgBinaries.for_major(info.major)
+        except PostgresError:
+            pass
+    return default
+
+
 def take_snapshot(
     store: Store,
     source_dsn: str,
@@ -326,9 +338,9 @@ def take_snapshot(
 ) -> Manifest:
     """Stream a base backup of `source_dsn` into the store; returns the manifest (written last)."""
     options = options or SnapshotOptions()
-    bins = bins or PgBinaries.find()
     store.check()
     info = identify(source_dsn)
+    bins = bins or _client_for(info)
     site = compression_site(options, info, bins)
     try:
         return _take(store, source_dsn, bins, info, site, options, progress)

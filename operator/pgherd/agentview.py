@@ -27,7 +27,7 @@ from typing import Any
 
 from pgherd.api.backup import unrestorable
 from pgherd.engine.quorum import SyncConfig
-from pgherd.engine.view import JobKind, JobState, JobView, MemberView, Role
+from pgherd.engine.view import ActionEnd, JobKind, JobState, JobView, MemberView, Role
 from pgherd_backup.agent.client import AgentClient, AgentError
 from pgherd_backup.agent.wire import Status, lsn_value
 
@@ -132,7 +132,17 @@ def member_view(
         terminating=status.terminating,
         # A fence remembered for a member whose pod is gone stands in for its agent: nothing runs.
         absent=process_gone and not filling,
+        data_major=status.data_major,
+        analyzing=status.analyzing,
+        last_action=_action_end(status),
     )
+
+
+def _action_end(status: Status) -> ActionEnd | None:
+    last = status.last_action
+    if last is None:
+        return None
+    return ActionEnd(last.name, last.request_id, last.ok, last.error, last.detail)
 
 
 def restore_job_view(name: str, member: str, status: Status | None, last_stage: str = "restoring") -> JobView:

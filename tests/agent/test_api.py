@@ -177,6 +177,7 @@ def test_unknown_actions_and_bad_requests_get_errors_a_person_can_act_on(pair):
         "drop-slot",
         "seed",
         "restore",
+        "upgrade",
     }
 
 

@@ -111,7 +111,7 @@ def test_defaults_are_applied_like_the_api_server() -> None:
     spec = admitted["spec"]
     assert spec["instances"] == 3
     assert spec["failover"] == {"enabled": True, "detectionSeconds": 5}
-    assert spec["upgrade"] == {"primaryUpdateMethod": "switchover"}
+    assert spec["upgrade"] == {"primaryUpdateMethod": "switchover", "keepOldMajorFor": "1h"}
     assert spec["recovery"] == {"onQuorumLoss": "Wait", "backup": "latest"}
     assert spec["storage"]["size"] == "1Gi"
 

@@ -38,6 +38,7 @@ from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.engine import actions as A
 from pgherd.engine.quorum import ASYNC, SyncConfig
 from pgherd.engine.view import (
+    ActionEnd,
     BackupView,
     ClusterView,
     JobKind,
@@ -79,6 +80,8 @@ class Node:
     terminating: bool = False  # its pod is being deleted: stopped (cleanly) by end_terminations
     sync: SyncConfig = field(default_factory=SyncConfig)
     kept_aside: int = 0
+    major: int = 16  # the major of its data directory
+    last_action: ActionEnd | None = None  # how its last upgrade check / upgrade ended
 
     @property
     def writable(self) -> bool:
@@ -100,6 +103,7 @@ class ModelCluster:
         self.next_timeline = 2
         self.acked: set[int] = set()
         self.commit_timeline: dict[int, int] = {}  # the timeline each commit was written on
+        self.commit_major: dict[int, int] = {}  # the major each commit was written on
         self.rw: str | None = None
         self.backups: dict[str, BackupView] = {}
         self.backup_wal: dict[str, list[int]] = {}
@@ -113,6 +117,13 @@ class ModelCluster:
         self.deleted_kept_aside: list[str] = []
         self.dropped_volumes: set[str] = set()
         self.switchover_to: str | None = None  # a person's switchover request (the annotation)
+        # Major upgrades: a person's annotations, and the faults of the next check / upgrade.
+        self.confirm_upgrade: str | None = None
+        self.rollback_upgrade: str | None = None
+        self.retry_upgrade: str | None = None
+        self.check_fails = False
+        self.upgrade_fails: str | None = None  # "pg_upgrade" (old data intact) or "verify" (new major's)
+        self.upgrades: list[tuple[str, int]] = []  # (member, major) of every upgrade carried out
         # The truth at the last observation, per member: the member it really streamed from (None if
         # not streaming), whether its streaming sample was wrong, whether it really accepted writes.
         self.truth: dict[str, tuple[str | None, bool, bool]] = {}
@@ -133,6 +144,7 @@ class ModelCluster:
             and up.writable
             and not up.isolated
             and node.timeline <= up.timeline
+            and node.major == up.major
             and up.wal[: len(node.wal)] == node.wal
         )
 
@@ -193,6 +205,8 @@ class ModelCluster:
                     kept_aside=node.kept_aside,
                     terminating=seen and node.terminating,
                     absent=not node.pod_up and not node.isolated,
+                    data_major=None if node.data_lost or not (seen or stopped) else node.major,
+                    last_action=node.last_action if node.pod_up and not node.isolated else None,
                 )
             )
         for name in sorted(self.dropped_volumes - set(self.nodes)):
@@ -209,6 +223,9 @@ class ModelCluster:
             jobs=tuple(self.jobs[k] for k in sorted(self.jobs)),
             rw_member=self.rw,
             switchover_to=self.switchover_to,
+            confirm_upgrade=self.confirm_upgrade,
+            rollback_upgrade=self.rollback_upgrade,
+            retry_upgrade=self.retry_upgrade,
         )
 
     def wal_timeline(self, node: Node) -> int:
@@ -240,6 +257,7 @@ class ModelCluster:
         commit = self.next_commit
         self.next_commit += 1
         self.commit_timeline[commit] = primary.timeline
+        self.commit_major[commit] = primary.major
         before = len(primary.wal)
         primary.wal.append(commit)
         got = {primary.name}
@@ -291,10 +309,19 @@ class ModelCluster:
             if source is None or not source.writable or source.isolated:
                 return  # pg_basebackup fails; the engine will ask again
             self.nodes[a.member] = Node(
-                a.member, a.ordinal, a.revision, Role.REPLICA, source.timeline, list(source.wal), source.name
+                a.member,
+                a.ordinal,
+                a.revision,
+                Role.REPLICA,
+                source.timeline,
+                list(source.wal),
+                source.name,
+                major=source.major,
             )
         else:
-            self.nodes[a.member] = Node(a.member, a.ordinal, a.revision, Role.PRIMARY)
+            self.nodes[a.member] = Node(
+                a.member, a.ordinal, a.revision, Role.PRIMARY, major=self.spec.postgres_version
+            )
 
     def _do_DeleteMember(self, a: A.DeleteMember) -> None:
         node = self.nodes.pop(a.member, None)
@@ -432,8 +459,17 @@ class ModelCluster:
 
     def _do_Promote(self, a: A.Promote) -> None:
         node = self._node(a.member)
-        if node is None or not node.running or node.role is Role.PRIMARY:
+        if node is None or node.role is Role.PRIMARY:
             return
+        if not node.running:
+            # The agent starts a stopped member read-only with no upstream, then promotes it.
+            if not node.pod_up or node.isolated or node.data_lost or node.restarting_to is not None:
+                return
+            node.running = True
+            node.upstream = None
+        if self.rollback_upgrade is not None:
+            # A person asked for the way back: what was acknowledged on a newer major is not in it.
+            self.acked = {c for c in self.acked if self.commit_major.get(c, node.major) <= node.major}
         node.fenced = False
         node.fence_pending = False
         node.unsettled = False
@@ -462,12 +498,13 @@ class ModelCluster:
             return
         if node.isolated or not node.pod_up or node.restarting_to is not None:
             return  # the platform cannot reach it, or it is busy restarting
-        if node.data_lost or a.reclone:
+        if node.data_lost or a.reclone or node.major != up.major:  # no pg_rewind across majors
             if not up.writable or up.isolated:
                 return
             node.kept_aside += 0 if node.data_lost else 1
             node.data_lost = False
             node.wal = list(up.wal)
+            node.major = up.major
         else:
             common = 0
             while common < min(len(node.wal), len(up.wal)) and node.wal[common] == up.wal[common]:
@@ -528,6 +565,9 @@ class ModelCluster:
         node.fence_pending = False
         node.unsettled = False
         node.receive_start = None
+        # Its PostgreSQL runs the restored data: its pod runs (a pod lost meanwhile was restarted, and
+        # its agent resumed the replay, as agent/restoring.py does).
+        node.pod_up = True
         node.role = Role.PRIMARY
         node.timeline = self.next_timeline
         self.next_timeline += 1
@@ -560,6 +600,51 @@ class ModelCluster:
 
     def _do_RecordEvent(self, a: A.RecordEvent) -> None:
         pass
+
+    def _do_CheckUpgrade(self, a: A.CheckUpgrade) -> None:
+        node = self._node(a.member)
+        if node is None or not node.pod_up or node.isolated:
+            return
+        if node.last_action is not None and node.last_action.request_id == a.request_id:
+            return
+        ok = node.writable and not node.fenced and node.major < a.major and not self.check_fails
+        error = None if ok else ("simulated check failure" if self.check_fails else "not a running primary")
+        node.last_action = ActionEnd("upgrade-check", a.request_id, ok, error)
+
+    def _do_UpgradeMember(self, a: A.UpgradeMember) -> None:
+        """pg_upgrade --link, then the start read-write and the checks (agent/upgrading.py): only on a
+        fenced primary stopped cleanly; a failure in pg_upgrade leaves the old data as it was, a failed
+        check leaves the new major's data, stopped and fenced."""
+        node = self._node(a.member)
+        if node is None or not node.pod_up or node.isolated:
+            return
+        if node.last_action is not None and node.last_action.request_id == a.request_id:
+            return
+        ready = (
+            node.fenced
+            and not node.running
+            and node.role is Role.PRIMARY
+            and node.shutdown_clean is True
+            and not node.data_lost
+            and node.major < a.major
+        )
+        fault, self.upgrade_fails = self.upgrade_fails, None
+        if not ready or fault == "pg_upgrade":
+            node.last_action = ActionEnd("upgrade", a.request_id, False, "simulated pg_upgrade failure")
+            return
+        node.major = a.major
+        node.timeline = self.next_timeline
+        self.next_timeline += 1
+        node.wal = [*node.wal, -node.timeline]  # the new cluster: the old data, a new history
+        node.kept_aside += 1
+        self.upgrades.append((node.name, a.major))
+        if fault == "verify":
+            node.last_action = ActionEnd("upgrade", a.request_id, False, "simulated check failure")
+            return
+        node.fenced = node.fence_pending = False
+        node.running = True
+        node.sync = ASYNC  # synchronous_standby_names is not carried over
+        node.last_action = ActionEnd("upgrade", a.request_id, True)
 
     # ---- requests ----------------------------------------------------------------------------
     def request_backup(self) -> None:

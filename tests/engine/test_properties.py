@@ -388,6 +388,18 @@ class ClusterMachine(RuleBasedStateMachine):
         assert len(writable) <= 1, f"two members accept writes: {[n.name for n in writable]}"
 
     @invariant()
+    def old_major_kept_untouched(self) -> None:
+        """The replica kept on the old major after an upgrade is never started, rejoined or re-cloned
+        until the upgrade is confirmed or rolled back (a restore may take it: it rebuilds everything)."""
+        if not hasattr(self, "model") or self.status.kept is None:
+            return
+        node = self.model.nodes.get(self.status.kept.member)
+        if node is None or node.data_lost:
+            return
+        assert node.major == self.status.kept.major, f"{node.name} left PostgreSQL {self.status.kept.major}"
+        assert not node.running, f"{node.name}, kept on the old major, runs"
+
+    @invariant()
     def no_acknowledged_commit_lost(self) -> None:
         if not hasattr(self, "model") or not self.quorum:
             return
@@ -533,6 +545,34 @@ class ClusterMachine(RuleBasedStateMachine):
     def new_image(self) -> None:
         self.images += 1
         self.spec = self.spec.model_copy(update={"image": f"img:{self.images}"})
+
+    @rule()
+    def raise_major(self) -> None:
+        """spec.postgresVersion goes up by one (alone in its edit, as the API's CEL rules want)."""
+        if self.spec.postgres_version < 18:
+            self.spec = self.spec.model_copy(update={"postgres_version": self.spec.postgres_version + 1})
+
+    @rule(word=st.sampled_from(["confirm", "rollback", "retry", "forget"]))
+    def upgrade_annotation(self, word: str) -> None:
+        """A person's pgherd.io/confirm-upgrade, rollback-upgrade (naming the spec's major) or a new
+        retry-upgrade value; or the annotations removed."""
+        major = str(self.spec.postgres_version)
+        if word == "confirm":
+            self.model.confirm_upgrade = major
+        elif word == "rollback":
+            self.model.rollback_upgrade = major
+        elif word == "retry":
+            self.model.retry_upgrade = self.model.now.isoformat()
+        else:
+            self.model.confirm_upgrade = self.model.rollback_upgrade = None
+
+    @rule(fault=st.sampled_from(["check", "pg_upgrade", "verify"]))
+    def upgrade_fault(self, fault: str) -> None:
+        """The next upgrade check fails, or the next upgrade in pg_upgrade or in its checks."""
+        if fault == "check":
+            self.model.check_fails = not self.model.check_fails
+        else:
+            self.model.upgrade_fails = fault
 
     @rule()
     def request_backup(self) -> None:

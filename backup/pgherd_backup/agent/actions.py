@@ -18,7 +18,7 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from pgherd_backup.agent import restoring
+from pgherd_backup.agent import restoring, upgrading
 from pgherd_backup.agent.instance import Instance, Refused, StartRole, describe_upstream, upstream_params
 from pgherd_backup.agent.seeding import seed_and_start
 from pgherd_backup.agent.status import query_live
@@ -38,6 +38,7 @@ from pgherd_backup.agent.wire import (
     format_lsn,
 )
 from pgherd_backup.errors import PostgresError
+from pgherd_backup.postgres.binaries import data_major
 from pgherd_backup.postgres.config import update_pgherd_conf
 from pgherd_backup.postgres.rewind import rejoin_as_standby
 from pgherd_backup.postgres.seed import basebackup_seed, is_empty
@@ -259,6 +260,10 @@ def rejoin(inst: Instance, request: RejoinRequest) -> ActionResult:
 
 def _rebuild(inst: Instance, upstream: str, *, reclone: bool) -> tuple[str, Any]:
     pgdata = inst.pgdata
+    own = data_major(pgdata)
+    inst.use_binaries_of(upstream)
+    if own is not None and own != inst.bins.major:
+        reclone = True  # another major's data (an upgrade's): pg_rewind cannot cross majors
     if not inst.data_present() or reclone:
         kept = None if is_empty(pgdata) else inst.keep_aside(pgdata)
         basebackup_seed(
@@ -403,6 +408,7 @@ HANDLERS: dict[str, Callable[[Instance, Any], ActionResult]] = {
     "drop-slot": drop_slot,
     "seed": seed,
     "restore": restoring.request,  # answers at once; the restore goes on in its thread
+    "upgrade": upgrading.request,  # likewise
 }
 
 

@@ -33,6 +33,7 @@ from pgherd_backup.agent.wire import (
     SetSyncRequest,
     Status,
     UnfenceRequest,
+    UpgradeRequest,
     WireError,
 )
 
@@ -171,6 +172,14 @@ class AgentClient:
         `status().last_action` (its `request_id`) says how it ended. Asked again with the same
         `request_id`, it answers that restore's state and never starts another."""
         request = RestoreRequest(reason=reason, snapshot=snapshot, target=target, request_id=request_id)
+        return self.act(request)
+
+    def upgrade(
+        self, major: int, check: bool = False, request_id: str | None = None, reason: str = ""
+    ) -> ActionResult:
+        """Start the major upgrade of this member's data to `major`, or (`check`) its preflight (see
+        UpgradeRequest). Answered at once like `restore`: follow `status().last_action`."""
+        request = UpgradeRequest(reason=reason, major=major, check=check, request_id=request_id)
         return self.act(request)
 
     def act(self, request: Request, timeout: float | None = None) -> ActionResult:

@@ -39,7 +39,7 @@ from pgherd_backup.agent.supervisor import (
 )
 from pgherd_backup.agent.wire import ActionProgress
 from pgherd_backup.errors import BackupError, PostgresError
-from pgherd_backup.postgres.binaries import PgBinaries
+from pgherd_backup.postgres.binaries import PgBinaries, data_major
 from pgherd_backup.postgres.config import (
     Setting,
     archive_command,
@@ -143,14 +143,26 @@ def _pgpass_escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace(":", "\\:")
 
 
+def _binaries_for(pgdata: Path) -> PgBinaries:
+    """The programs of the data directory's major when it holds one (and they are here), else the
+    default ones (a new member's)."""
+    major = data_major(pgdata)
+    if major is not None:
+        try:
+            return PgBinaries.for_major(major)
+        except BackupError as exc:
+            log.error("%s", exc)
+    return PgBinaries.find()
+
+
 class Instance:
     def __init__(
         self, options: AgentOptions, credentials: Credentials, bins: PgBinaries | None = None
     ) -> None:
         self.options = options
         self.credentials = credentials
-        self.bins = bins or PgBinaries.find()
         self.pgdata = options.pgdata
+        self.bins = bins or _binaries_for(self.pgdata)
         self.state = AgentState.load(options.state_file)
         if options.revision is not None:
             self.state.revision = options.revision
@@ -167,6 +179,7 @@ class Instance:
         self.start_error: str | None = None  # why the last start failed (its FATAL line); None once started
         self.action_name: str | None = None
         self.long_action: LongAction | None = None  # the action going on after its answer (restore)
+        self.analyzing = False  # statistics being rebuilt after a major upgrade (upgrading.py)
         self.boot_done = threading.Event()
         self._state_lock = threading.RLock()
         self._action_lock = threading.Lock()
@@ -174,6 +187,35 @@ class Instance:
         self.postmaster = PostmasterChild(
             self.pgdata, bins=self.bins, log_file=options.log_file, env=self.pg_env, on_crash=self._on_crash
         )
+
+    # -- the programs ---------------------------------------------------------------------------------
+    def use_binaries(self, bins: PgBinaries) -> None:
+        """Run another major's programs from now on (PostgreSQL stopped): the data directory became
+        that major's (an upgrade, a clone of an upstream on it, a restored snapshot of it)."""
+        if bins.bindir == self.bins.bindir:
+            return
+        log.info("PostgreSQL programs: %s", bins.bindir)
+        self.bins = bins
+        self.wal = WalEndReader(bins)
+        self.postmaster.bins = bins
+        self._major = None
+
+    def use_binaries_of_data(self) -> None:
+        """The programs of the data directory's own major (after its files were replaced)."""
+        major = data_major(self.pgdata)
+        if major is not None:
+            self.use_binaries(PgBinaries.for_major(major))
+
+    def use_binaries_of(self, upstream: str) -> None:
+        """The programs of the major `upstream` runs, before cloning it: a clone is its major's data."""
+        try:
+            with psycopg.connect(self.conninfo(upstream, superuser=True), connect_timeout=5) as conn:
+                number = conn.info.server_version
+        except psycopg.Error:
+            return  # the clone itself will say why the upstream does not answer
+        if self.shutting_down:
+            raise Refused("the agent is shutting down: nothing was copied")
+        self.use_binaries(PgBinaries.for_major(number // 10000))
 
     # -- the volume ---------------------------------------------------------------------------------
     def prepare_volume(self) -> None:
@@ -229,6 +271,10 @@ class Instance:
         env = dict(os.environ)
         env["PGPASSFILE"] = str(self.options.passfile)
         env["PATH"] = f"{Path(self.agent_executable).parent}:{env.get('PATH', '/usr/bin:/bin')}"
+        libdir = self.bins.libdir
+        if libdir is not None and str(libdir) not in env.get("LD_LIBRARY_PATH", "").split(":"):
+            before = env.get("LD_LIBRARY_PATH")
+            env["LD_LIBRARY_PATH"] = f"{libdir}:{before}" if before else str(libdir)
         if self.options.store:
             env["PGHERD_STORE"] = self.options.store
             env["PGHERD_CLUSTER"] = self.options.cluster
@@ -371,14 +417,18 @@ class Instance:
         upstream: str | None = None,
         may_start_fenced: bool = False,
         report_exit: bool = True,
+        local_only: bool = False,
     ) -> bool:
         """Configure the data directory for `role` and start PostgreSQL (no-op when it runs); gated.
-        `report_exit=False`: the caller watches it (a restore's replay), see PostmasterChild.start."""
+        `report_exit=False`: the caller watches it (a restore's replay), see PostmasterChild.start.
+        `local_only`: on its Unix socket alone (no client reaches it: an upgrade's checks)."""
         if not self.data_present():
             raise Refused(f"{self.pgdata} holds no data: seed it first (POST /actions/seed)")
         self.check(token, may_start_fenced=may_start_fenced)
         if not self.postmaster.alive:
             self.configure(role, upstream)
+            if local_only:
+                update_pgherd_conf(self.pgdata, {"listen_addresses": ""})
         try:
             started = self.postmaster.start(
                 lambda: self.refusal(token, may_start_fenced=may_start_fenced),
@@ -547,8 +597,11 @@ class Instance:
 
     def _boot(self, token: int) -> bool:
         """The first start, holding the action slot; True when a restore's thread took the slot over."""
-        from pgherd_backup.agent import restoring
+        from pgherd_backup.agent import restoring, upgrading
         from pgherd_backup.agent.seeding import seed_and_start
+
+        upgrading.on_boot(self)  # an upgrade cut short: reported, never started here
+        self.use_binaries_of_data()
 
         if restoring.on_boot(self):
             # A restore's replay the previous agent left running: a thread of its own goes on with it.

@@ -125,7 +125,7 @@ def request(inst: Instance, order: RestoreRequest) -> ActionResult:
                 stage=RESTORING,
             )
             inst.long_action = job
-            _spawn(inst, job, lambda: _restore(inst, job, snapshot, target, token))
+            spawn(inst, job, lambda: _restore(inst, job, snapshot, target, token))
         except BaseException:
             inst.long_action = None
             inst.release()
@@ -158,26 +158,37 @@ def _last_restore(inst: Instance, request_id: str | None) -> ActionOutcome | Non
 # -- the restore, in its thread -------------------------------------------------------------------------
 
 
-def _spawn(inst: Instance, job: LongAction, work: Callable[[], ActionOutcome]) -> None:
+def spawn(
+    inst: Instance,
+    job: LongAction,
+    work: Callable[[], ActionOutcome],
+    *,
+    marker: str = "restore",
+    fail: Callable[[Instance, LongAction, str], ActionOutcome] | None = None,
+) -> None:
+    """Run a long action's `work` in its own thread, holding the action slot the request took; record
+    how it ended (`lastAction`) and clear its `marker` in the agent's state. `fail`: how a failure is
+    reported (the restore's own by default)."""
+
     def run() -> None:
         outcome: ActionOutcome | None = None
         try:
             outcome = work()
-            log.info("restore done: %s", outcome.detail)
+            log.info("%s done: %s", job.name, outcome.detail)
         except Interrupted:
-            log.warning("the restore stops here (%s): the agent shuts down", job.stage)
+            log.warning("the %s stops here (%s): the agent shuts down", job.name, job.stage)
         except Exception as exc:
             if not isinstance(exc, BackupError | psycopg.Error | OSError):
-                log.exception("the restore failed unexpectedly")
-            outcome = _failed(inst, job, _text(exc))
+                log.exception("the %s failed unexpectedly", job.name)
+            outcome = (fail or _failed)(inst, job, error_text(exc))
         finally:
             inst.postmaster.report_exits()
             if outcome is not None:
-                inst.record(restore=None, last_action=outcome.to_dict())
+                inst.record(**{marker: None}, last_action=outcome.to_dict())
             inst.long_action = None
             inst.release()
 
-    threading.Thread(target=run, name="restore", daemon=True).start()
+    threading.Thread(target=run, name=job.name, daemon=True).start()
 
 
 def _restore(
@@ -205,6 +216,7 @@ def _restore(
     inst.record(restore=_marker(job))
     restore_files(store, manifest, inst.pgdata, progress=_Written(inst, job))
     job.bytes_done = job.bytes_total  # every file written and checked (the tar's end blocks included)
+    inst.use_binaries_of_data()  # the snapshot's major: one taken before an upgrade is the old major's
     command = inst.restore_command()
     assert command is not None
     write_recovery_config(inst.pgdata, restore_command=command, target=target.settings())
@@ -280,7 +292,7 @@ def _outcome(
     )
 
 
-def _text(exc: BaseException) -> str:
+def error_text(exc: BaseException) -> str:
     if isinstance(exc, BackupError):
         return exc.message
     if isinstance(exc, psycopg.Error):
@@ -365,7 +377,7 @@ def resume(inst: Instance, token: int) -> None:
     inst.action_name = "restore"
     inst.long_action = job
     log.warning("resuming the replay of restored snapshot %s", job.snapshot)
-    _spawn(inst, job, lambda: _replay(inst, job, token))
+    spawn(inst, job, lambda: _replay(inst, job, token))
 
 
 def _empty(pgdata: Path) -> None:

@@ -77,6 +77,8 @@ def seed_and_start(
     if method == "basebackup":
         if not upstream:
             raise UsageError("seed by basebackup needs an upstream (host:port or a conninfo)")
+        inst.use_binaries_of(upstream)  # the clone is the upstream's major
+        inst.check(token)  # a SIGTERM (or fence) while the upstream was asked: nothing copied
         basebackup_seed(
             pgdata,
             inst.conninfo(upstream),
@@ -161,6 +163,7 @@ def _snapshot(
         agent=inst.agent_executable,
     )
     give_to_pg(inst.pgdata, recursive=True)
+    inst.use_binaries_of_data()  # the snapshot's major (an older one's, taken before an upgrade)
     if upstream:
         inst.record(token, fenced=False, demoted=False, upstream=upstream)
         inst.start(StartRole.STANDBY, token, upstream=upstream)

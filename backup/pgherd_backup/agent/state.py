@@ -28,6 +28,10 @@ class AgentState:
     # A restore in progress: {requestId, snapshot, target, stage, startedAt, keptAside} (see restoring.py)
     restore: dict[str, Any] | None = None
     last_action: dict[str, Any] | None = None  # wire.ActionOutcome of the last long action
+    # A major upgrade in progress: {requestId, major, fromMajor, stage, newData, keptAside} (upgrading.py)
+    upgrade: dict[str, Any] | None = None
+    # What the last upgrade check read from the running server (encoding, locale, extensions, major)
+    upgrade_facts: dict[str, Any] | None = None
 
     @classmethod
     def load(cls, path: Path) -> AgentState:

@@ -15,6 +15,7 @@ import psycopg
 from pgherd_backup.agent.instance import VERSION, Instance, describe_upstream
 from pgherd_backup.agent.supervisor import PostmasterState
 from pgherd_backup.agent.wire import ActionOutcome, Status, WalReceiver, WireError, format_lsn, parse_lsn
+from pgherd_backup.postgres.binaries import data_major
 
 _QUERY = """
 SELECT pg_is_in_recovery(),
@@ -175,6 +176,8 @@ def gather(inst: Instance) -> Status:
         "last_action": _last_action(state["last_action"]),
         "pg_port": inst.options.pg_port,
         "agent_version": VERSION,
+        "data_major": data_major(inst.pgdata),
+        "analyzing": inst.analyzing,
     }
     if live is not None:
         held = max((v for v in (live.received, live.replayed, live.flushed) if v is not None), default=None)

@@ -36,6 +36,7 @@ __all__ = [
     "SetSyncRequest",
     "Status",
     "UnfenceRequest",
+    "UpgradeRequest",
     "WalReceiver",
     "WireError",
     "format_lsn",
@@ -222,6 +223,8 @@ class Status(Wire):
     archiving_healthy: bool | None = None  # pg_stat_archiver on a primary
     system_identifier: str | None = None
     server_version: str | None = None  # the running server's MAJOR.MINOR ("16.15"); null while stopped
+    data_major: int | None = None  # the major the data directory belongs to (PG_VERSION), also stopped
+    analyzing: bool = False  # statistics being rebuilt after a major upgrade (vacuumdb --analyze-in-stages)
     pg_port: int | None = None
     agent_version: str = ""
 
@@ -336,6 +339,19 @@ class RestoreRequest(Request):
     request_id: str | None = None
 
 
+@dataclass(frozen=True)
+class UpgradeRequest(Request):
+    """The major-version upgrade of this member's data to `major` (agent/upgrading.py). `check`: the
+    preflight only (pg_upgrade --check against the running primary, the room on the volume); else the
+    upgrade itself (PostgreSQL stopped cleanly, fenced): pg_upgrade --link, then the new major started
+    read-write and checked. Long: answered with 202, followed in /status; `requestId` as RestoreRequest's."""
+
+    action = "upgrade"
+    major: int = 0
+    check: bool = False
+    request_id: str | None = None
+
+
 ACTIONS: dict[str, type[Request]] = {
     cls.action: cls
     for cls in (
@@ -350,6 +366,7 @@ ACTIONS: dict[str, type[Request]] = {
         DropSlotRequest,
         SeedRequest,
         RestoreRequest,
+        UpgradeRequest,
     )
 }
 

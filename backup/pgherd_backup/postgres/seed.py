@@ -48,8 +48,9 @@ def initdb(
     locale: str = "C",
     encoding: str = "UTF8",
     hba_lines: Sequence[str] = (),
+    wal_segsize_mb: int | None = None,
 ) -> None:
-    """Create a new cluster in `pgdata` (the first member of a new cluster)."""
+    """Create a new cluster in `pgdata` (the first member of a new cluster, or an upgrade's target)."""
     pgdata = Path(pgdata)
     bins = bins or PgBinaries.find()
     _require_empty(pgdata, "run initdb")
@@ -69,6 +70,8 @@ def initdb(
     ]
     if data_checksums:
         args.append("--data-checksums")
+    if wal_segsize_mb is not None:
+        args.append(f"--wal-segsize={wal_segsize_mb}")
     pwfile: str | None = None
     try:
         if password is not None:

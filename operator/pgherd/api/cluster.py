@@ -70,6 +70,9 @@ CRON_PATTERN = (
 )
 # A retention window: a number and a unit (minutes, hours, days, weeks), e.g. 7d, 36h, 2w.
 DURATION_PATTERN = r"^[1-9][0-9]*(m|h|d|w)$"
+# upgrade.keepOldMajorFor: an hour covers the checks an application team makes after an upgrade; a
+# rollback later than that would throw away more writes than it saves (they are on the new major only).
+KEEP_OLD_MAJOR_FOR = "1h"
 # backup.jobStartTimeoutSeconds: a snapshot Job's pod that has not started after this long (not
 # scheduled, image not pulled, a Secret missing) fails its Backup. Five minutes cover a cold pull of
 # the image and a node autoscaler adding a node; a mistake (a missing Secret) is reported in minutes,
@@ -186,6 +189,24 @@ class Upgrade(ApiModel):
         description=(
             "How the primary is updated last in a rolling update: switchover to an updated replica"
             " (default) or restart in place."
+        ),
+    )
+    keep_old_major_for: str = Field(
+        default=KEEP_OLD_MAJOR_FOR,
+        pattern=DURATION_PATTERN,
+        description=(
+            "After a major upgrade (postgresVersion raised), how long one replica stays fenced on the old"
+            " major, untouched, as the way back (annotation pgherd.io/rollback-upgrade) before the upgrade"
+            " counts as confirmed and it is rebuilt on the new major; the annotation"
+            " pgherd.io/confirm-upgrade confirms sooner. E.g. 1h (the default), 30m, 2d."
+        ),
+    )
+    backup_max_age: str | None = Field(
+        default=None,
+        pattern=DURATION_PATTERN,
+        description=(
+            "A major upgrade first needs a Completed Backup of the cluster: one younger than this (e.g."
+            " 6h) will do; unset (the default), one is taken when the upgrade starts."
         ),
     )
 
@@ -320,6 +341,25 @@ class Recovery(ApiModel):
 
 _SPEC_RULES = cel(
     rule(
+        "!has(self.postgresVersion) || !has(oldSelf.postgresVersion)"
+        " || self.postgresVersion >= oldSelf.postgresVersion",
+        "postgresVersion may only go up: a major upgrade (pg_upgrade) has no way down once confirmed;"
+        " to run an older major, restore a Backup of it into a new cluster",
+        ".postgresVersion",
+    ),
+    rule(
+        "!has(self.postgresVersion) || !has(oldSelf.postgresVersion)"
+        " || self.postgresVersion == oldSelf.postgresVersion || (self.instances == oldSelf.instances"
+        " && has(self.image) == has(oldSelf.image) && (!has(self.image) || self.image == oldSelf.image)"
+        " && has(self.parameters) == has(oldSelf.parameters)"
+        " && (!has(self.parameters) || self.parameters == oldSelf.parameters)"
+        " && has(self.resources) == has(oldSelf.resources)"
+        " && (!has(self.resources) || self.resources == oldSelf.resources))",
+        "postgresVersion changes alone: a major upgrade cannot be combined with a change of image,"
+        " instances, parameters or resources in the same edit (apply those before or after it)",
+        ".postgresVersion",
+    ),
+    rule(
         "!has(self.parameters) || !self.parameters.exists(k, k.matches('" + _OWNED_REGEX + "'))",
         "parameters: settings owned by the operator cannot be set (port, listen_addresses, archive_mode,"
         " archive_command, restore_command, primary_conninfo, primary_slot_name, synchronous_standby_names,"
@@ -369,7 +409,14 @@ class PostgresClusterSpec(ApiModel):
 
     instances: int = Field(default=3, ge=1, le=15, description="Number of members (1..15).")
     postgres_version: int = Field(
-        default=16, ge=13, le=18, description="PostgreSQL major version, e.g. 16; ignored when image is set."
+        default=16,
+        ge=13,
+        le=18,
+        description=(
+            "PostgreSQL major version, e.g. 16. Raising it upgrades the cluster in place (pg_upgrade"
+            " --link, docs/upgrades.md): only upward, and alone in its edit. With image set, the image"
+            " must carry this major's programs (and the old major's, for an upgrade)."
+        ),
     )
     image: str | None = Field(
         default=None,
@@ -447,6 +494,14 @@ class PostgresClusterStatus(StatusModel):
     members: list[Member] = Field(default_factory=list)
     timeline: int | None = None
     image: str | None = None
+    postgres_version: int | None = Field(
+        default=None,
+        description=(
+            "The PostgreSQL major the cluster's data is on (its primary's): below spec.postgresVersion"
+            " while an upgrade is in progress, or after one was refused or rolled back (see the"
+            " PostgresVersionReached condition)."
+        ),
+    )
     system_identifier: str | None = None
     operation: dict[str, Any] | None = Field(
         default=None,

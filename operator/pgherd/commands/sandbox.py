@@ -69,6 +69,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         " `pgherd sandbox start MEMBER`",
     )
     p.set_defaults(func=_kill)
+    p = add(
+        "annotate",
+        "set annotations of the cluster, as `kubectl annotate` does (KEY=VALUE; KEY- removes one): e.g."
+        " pgherd.io/confirm-upgrade=17, pgherd.io/rollback-upgrade=17, pgherd.io/retry-upgrade=2",
+    )
+    p.add_argument("annotations", nargs="+", metavar="KEY=VALUE")
+    p.set_defaults(func=_annotate)
     p = add("start", "let a member kept down by `kill --keep-down` start again (its node is back)")
     p.add_argument("member")
     p.set_defaults(func=_start)
@@ -217,6 +224,21 @@ def _kill(args: argparse.Namespace) -> int:
     what = "PostgreSQL of " if args.postgres_only else ""
     kept = ", kept down until `pgherd sandbox start`" if args.keep_down else ""
     print(f"killed {what}{args.member}{' and wiped its data' if args.wipe else ''}{kept}")
+    return 0
+
+
+def _annotate(args: argparse.Namespace) -> int:
+    from pgherd.local.sandbox import Sandbox
+
+    objects = Sandbox(args.dir).objects
+    for item in args.annotations:
+        key, sep, value = item.partition("=")
+        if not sep and not key.endswith("-"):
+            return _fail(f"{item}: expected KEY=VALUE, or KEY- to remove it")
+        try:
+            print(objects.annotate(key.rstrip("-") if not sep else key, value if sep else None))
+        except ValueError as exc:
+            return _fail(str(exc))
     return 0
 
 

@@ -162,6 +162,29 @@ class StartRestore:
 
 
 @dataclass(frozen=True)
+class CheckUpgrade:
+    """The preflight of a major upgrade on the running primary ``member``: the new major's
+    ``pg_upgrade --check`` against it and the room on its volume. Its agent reports how it ended under
+    ``request_id`` (a repeated order with the same id starts nothing new)."""
+
+    member: str
+    major: int
+    request_id: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class UpgradeMember:
+    """``pg_upgrade --link`` of the fenced, cleanly stopped primary ``member`` to ``major``, then its
+    start read-write on the new major and the checks; reported under ``request_id``."""
+
+    member: str
+    major: int
+    request_id: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class CreateBackup:
     """Create a Backup object (scheduled backups); the engine then drives it like any other."""
 
@@ -224,6 +247,8 @@ Action = (
     | DropReplicationSlot
     | StartSnapshot
     | StartRestore
+    | CheckUpgrade
+    | UpgradeMember
     | CreateBackup
     | UpdateBackup
     | UpdateRestore

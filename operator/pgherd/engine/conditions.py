@@ -18,6 +18,9 @@ class ConditionType(StrEnum):
     # With recovery.onQuorumLoss RestoreFromBackup and recovery.backup naming a Backup: whether it can be
     # restored (False at once when it cannot, e.g. Expired: its snapshot deleted by retention).
     RECOVERY_BACKUP_AVAILABLE = "RecoveryBackupAvailable"
+    # Whether the cluster runs spec.postgresVersion; False while upgrading, after a refused preflight or
+    # a rollback (the reason says which); True with reason OldMajorKept while the way back is kept.
+    POSTGRES_VERSION_REACHED = "PostgresVersionReached"
     WAITING = "Waiting"  # why the engine takes no action while the cluster is not Running
     # Kubernetes only (set by the adapter, not the engine): pods the kubelet or the scheduler cannot
     # start (a missing Secret or key, an image not found, a crash loop, no node with room).

@@ -38,6 +38,11 @@ class Context:
     def expected_names(self) -> list[str]:
         return [member_name(self.view.cluster, i) for i in range(self.spec.instances)]
 
+    @property
+    def kept_member(self) -> str | None:
+        """The replica kept fenced on the old major after an upgrade, until it is confirmed."""
+        return self.status.kept.member if self.status.kept is not None else None
+
     def wanted(self, name: str) -> bool:
         return ordinal_of(name) < self.spec.instances
 

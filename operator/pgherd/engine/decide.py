@@ -20,7 +20,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pgherd.api.cluster import Phase, PostgresClusterSpec
-from pgherd.engine import backups, bootstrap, failover, membership, recovery, rollout, switchover
+from pgherd.engine import backups, bootstrap, failover, membership, recovery, rollout, switchover, upgrade
+from pgherd.engine.actions import RecordEvent
 from pgherd.engine.conditions import Condition, ConditionType, false, true
 from pgherd.engine.context import Context, Outcome
 from pgherd.engine.plan import Decision
@@ -49,7 +50,9 @@ def decide(spec: PostgresClusterSpec, view: ClusterView, status: EngineStatus) -
     final = replace(ctx, status=outcome.status)
     phase = outcome.phase
     aborted = outcome.status.aborted
-    if aborted is not None and phase in (Phase.RUNNING, Phase.DEGRADED, Phase.SCALING):
+    # A refused or rolled-back upgrade leaves a cluster that serves writes: reported by its condition.
+    failing = aborted is not None and aborted.kind is not OperationKind.MAJOR_UPGRADE
+    if failing and aborted is not None and phase in (Phase.RUNNING, Phase.DEGRADED, Phase.SCALING):
         phase = Phase.FAILED
         outcome = replace(outcome, message=outcome.message or f"{aborted.kind} aborted: {aborted.failed}")
     return Decision(
@@ -58,12 +61,36 @@ def decide(spec: PostgresClusterSpec, view: ClusterView, status: EngineStatus) -
 
 
 def _route(ctx: Context) -> Outcome:
+    if not ctx.status.initialized:
+        return bootstrap.step(ctx)
+    before = ctx.status.kept
+    ctx = upgrade.confirm(upgrade.observe_major(ctx))
+    outcome = _route_initialized(ctx)
+    if before is not None and ctx.status.kept is None:
+        note = RecordEvent(
+            "UpgradeConfirmed",
+            f"the upgrade to PostgreSQL {before.to_major} is confirmed: {before.member}, kept on PostgreSQL"
+            f" {before.major}, is rebuilt on the new major",
+        )
+        outcome = replace(outcome, actions=(note, *outcome.actions))
+    return outcome
+
+
+def _route_initialized(ctx: Context) -> Outcome:
     status = ctx.status
     operation = status.operation
-    if not status.initialized:
-        return bootstrap.step(ctx)
     if operation is not None and operation.kind in _RECOVERY_KINDS:
         return recovery.advance(ctx, operation)
+    if operation is not None and operation.kind is OperationKind.MAJOR_UPGRADE:
+        if operation.step in ("backup", "check") and ctx.healthy_primary() is not None:
+            # Before writes stop the cluster is looked after as usual (a member rejoined, created).
+            upkeep = membership.upkeep(ctx)
+            after = replace(ctx, status=upkeep.outcome.status)
+            return _merge(upkeep.outcome, upgrade.advance(after, operation))
+        return upgrade.advance(ctx, operation)
+    rolled_back = upgrade.rollback_kept(ctx)
+    if rolled_back is not None:
+        return rolled_back
     restore = recovery.pending_restore(ctx)
     if restore is not None:
         refused = recovery.refusal(ctx, restore)
@@ -71,7 +98,7 @@ def _route(ctx: Context) -> Outcome:
             return recovery.start_restore(ctx, restore)
         # The Restore fails; the cluster is decided as if it had never been asked for.
         others = tuple(r for r in ctx.view.restores if r.name != restore.name)
-        rest = _route(replace(ctx, view=replace(ctx.view, restores=others)))
+        rest = _route_initialized(replace(ctx, view=replace(ctx.view, restores=others)))
         note = f"Restore {restore.name} refused: {refused.error}"
         return replace(
             rest, actions=(refused, *rest.actions), message="; ".join(m for m in (rest.message, note) if m)
@@ -119,7 +146,7 @@ def _route(ctx: Context) -> Outcome:
         return _merge(upkeep.outcome, _switchover(after, None, f"the primary {primary} is terminating"))
     if not upkeep.settled:
         return upkeep.outcome
-    started = rollout.start(after)
+    started = rollout.start(after) or upgrade.start(after)
     if started is not None:
         return _merge(upkeep.outcome, started)
     if ctx.view.switchover_to is not None and ctx.view.switchover_to != primary:
@@ -130,6 +157,9 @@ def _route(ctx: Context) -> Outcome:
 def _cause_gone(ctx: Context, aborted: Operation) -> bool:
     if aborted.kind is OperationKind.ROLLOUT:
         return aborted.revision != ctx.revision
+    if aborted.kind is OperationKind.MAJOR_UPGRADE:
+        # Kept (the condition says why postgresVersion is not reached) until a retry is asked for.
+        return aborted.to_major != ctx.spec.postgres_version or aborted.retry != ctx.view.retry_upgrade
     return aborted.kind is OperationKind.SWITCHOVER
 
 
@@ -225,4 +255,7 @@ def _conditions(ctx: Context, phase: Phase, outcome: Outcome) -> tuple[Condition
     if not outcome.actions and phase is not Phase.RUNNING:
         out.append(true(ConditionType.WAITING, str(phase), outcome.message))
     out += backups.conditions(ctx)
+    reached = upgrade.condition(ctx)
+    if reached is not None:
+        out.append(reached)
     return tuple(out)

@@ -142,7 +142,13 @@ def _rejoin_action(ctx: Context, member: MemberView, primary: str, reclone: bool
         and member.role is Role.PRIMARY
         and (ctx.status.timeline is None or member.timeline is None or member.timeline >= ctx.status.timeline)
     )
-    return Rejoin(member.name, primary, reclone=reclone or stray, reason="follow")
+    # Another major's data (an upgrade's, or a rollback's): pg_rewind cannot cross majors.
+    other_major = (
+        member.data_major is not None
+        and ctx.status.major is not None
+        and member.data_major != ctx.status.major
+    )
+    return Rejoin(member.name, primary, reclone=reclone or stray or other_major, reason="follow")
 
 
 def maintain(ctx: Context, reclone: frozenset[str] = frozenset()) -> Outcome:
@@ -171,9 +177,13 @@ def upkeep(ctx: Context, reclone: frozenset[str] = frozenset()) -> Upkeep:
                 )
             )
             notes.append(f"creating {name}")
+    kept = ctx.kept_member
     for member in ctx.view.existing():
         if member.name == primary.name:
             continue  # the primary never rejoins itself
+        if member.name == kept:
+            notes.append(f"{member.name} kept on the old major until the upgrade is confirmed")
+            continue  # the way back after a major upgrade: fenced and untouched until confirmed
         # A member being removed is not rebuilt: a re-clone would keep its data aside on the very
         # volume the scale-down deletes.
         rebuild = member.name in reclone and ctx.wanted(member.name) and not member.absent
@@ -208,7 +218,7 @@ def upkeep(ctx: Context, reclone: frozenset[str] = frozenset()) -> Upkeep:
         actions.append(DeleteMember(member.name, keep_data=member.kept_aside > 0, reason="scale down"))
         actions.append(DropReplicationSlot(primary.name, member.name, reason="scale down"))
         notes.append(f"deleting {member.name}")
-    expected = set(ctx.expected_names())
+    expected = set(ctx.expected_names()) - {kept}
     healthy = {m.name for m in ctx.healthy_replicas()} | {primary.name}
     settled = (
         not actions and status.sync_pending is None and expected <= healthy and expected == set(status.voters)

@@ -151,7 +151,9 @@ def start_restore(ctx: Context, restore: RestoreView) -> Outcome:
 
 def advance(ctx: Context, operation: Operation) -> Outcome:
     phase = Phase.RESTORING if operation.kind is OperationKind.RESTORE else Phase.RECOVERING
-    status = replace(ctx.status, operation=operation)
+    # A restore rebuilds every member from the snapshot: a replica kept on the old major after an
+    # upgrade is no way back any more (its data is kept aside like any member's).
+    status = replace(ctx.status, operation=operation, kept=None)
     actions: list[Action] = []
     restore_view = next((r for r in ctx.view.restores if r.name == operation.restore), None)
 

@@ -34,7 +34,14 @@ PRIMARY_RESTART_TIMEOUT = timedelta(minutes=2)
 
 
 def outdated(ctx: Context) -> list[MemberView]:
-    return [m for m in ctx.view.existing() if ctx.wanted(m.name) and m.revision not in (None, ctx.revision)]
+    """Members to restart at the spec's revision; never the replica kept on the old major after an
+    upgrade (fenced, untouched until the upgrade is confirmed)."""
+    kept = ctx.kept_member
+    return [
+        m
+        for m in ctx.view.existing()
+        if ctx.wanted(m.name) and m.name != kept and m.revision not in (None, ctx.revision)
+    ]
 
 
 def start(ctx: Context, first: str | None = None) -> Outcome | None:

@@ -27,6 +27,7 @@ class OperationKind(StrEnum):
     SCALE_DOWN = "ScaleDown"
     RECOVERY = "Recovery"  # automatic, on quorum loss
     RESTORE = "Restore"  # asked by a Restore object
+    MAJOR_UPGRADE = "MajorUpgrade"  # spec.postgresVersion rose (engine/upgrade.py)
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,12 @@ class Operation:
     snapshot_id: str | None = None
     recovery_target: str | None = None
     final_lsn: int | None = None  # switchover: the old primary's WAL end after its clean stop
+    from_major: int | None = None  # major upgrade: the major the data is on, and the one it goes to
+    to_major: int | None = None
+    kept: str | None = None  # major upgrade: the replica kept on the old major, the way back
+    retry: str | None = None  # major upgrade: the pgherd.io/retry-upgrade value it started under
+    rollback: str | None = None  # major upgrade: why it is rolled back to ``kept``
+    writes_stopped_at: datetime | None = None  # major upgrade: when the primary was told to stop
     reason: str = ""
     failed: str | None = None
 
@@ -85,7 +92,7 @@ class Operation:
             if key not in data:
                 continue
             value = data[key]
-            if item.name in ("started_at", "step_started_at"):
+            if item.name in ("started_at", "step_started_at", "writes_stopped_at"):
                 value = datetime.fromisoformat(value)
             elif item.name in ("plan", "done"):
                 value = tuple(value)
@@ -93,6 +100,34 @@ class Operation:
                 value = OperationKind(value)
             kwargs[item.name] = value
         return cls(**kwargs)
+
+
+@dataclass(frozen=True)
+class OldMajorKept:
+    """After a major upgrade: ``member`` stays fenced on ``major``, untouched, the way back, until the
+    upgrade to ``to_major`` is confirmed (or ``upgrade.keepOldMajorFor`` after ``since``)."""
+
+    member: str
+    major: int
+    to_major: int
+    since: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "member": self.member,
+            "major": self.major,
+            "toMajor": self.to_major,
+            "since": self.since.isoformat(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> OldMajorKept:
+        return cls(
+            str(data["member"]),
+            int(data["major"]),
+            int(data["toMajor"]),
+            datetime.fromisoformat(data["since"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -122,6 +157,9 @@ class EngineStatus:
     # scheduled): they may hold data of the history the restore replaced, so each is re-cloned from the
     # primary (its data kept aside, never rewound) once it returns, and leaves this set once it streams.
     rebuild_pending: frozenset[str] = field(default_factory=frozenset)
+    # The PostgreSQL major the cluster's data is on (the primary's data directory), once observed.
+    major: int | None = None
+    kept: OldMajorKept | None = None  # a replica kept on the old major after an upgrade
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -129,7 +167,7 @@ class EngineStatus:
             "complete": self.complete,
             "voters": sorted(self.voters),
         }
-        for name in ("current_primary", "timeline", "sync_since_lsn"):
+        for name in ("current_primary", "timeline", "sync_since_lsn", "major"):
             value = getattr(self, name)
             if value is not None:
                 out[_camel(name)] = value
@@ -151,6 +189,8 @@ class EngineStatus:
             out["aborted"] = self.aborted.to_dict()
         if self.rebuild_pending:
             out["rebuildPending"] = sorted(self.rebuild_pending)
+        if self.kept is not None:
+            out["kept"] = self.kept.to_dict()
         return out
 
     @classmethod
@@ -184,6 +224,8 @@ class EngineStatus:
             operation=None if operation is None else Operation.from_dict(operation),
             aborted=None if aborted is None else Operation.from_dict(aborted),
             rebuild_pending=frozenset(data.get("rebuildPending", ())),
+            major=data.get("major"),
+            kept=None if data.get("kept") is None else OldMajorKept.from_dict(data["kept"]),
         )
 
     def possible_sync_configs(self) -> list[SyncConfig]:

@@ -26,6 +26,17 @@ def member_name(cluster: str, ordinal: int) -> str:
 
 
 @dataclass(frozen=True)
+class ActionEnd:
+    """How a member's last long action ended, as its agent reports it (``lastAction``)."""
+
+    name: str
+    request_id: str | None
+    ok: bool
+    error: str | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
 class MemberView:
     """One member (pod / local PostgreSQL instance) as observed just now.
 
@@ -79,6 +90,10 @@ class MemberView:
     kept_aside: int = 0
     terminating: bool = False
     absent: bool = False
+    data_major: int | None = None  # the major of its data directory (PG_VERSION), also while stopped
+    analyzing: bool = False  # statistics being rebuilt after a major upgrade
+    # How its last long action ended (a restore, an upgrade check, an upgrade): its request id and error
+    last_action: ActionEnd | None = None
 
     @property
     def most_wal(self) -> int | None:
@@ -185,6 +200,11 @@ class ClusterView:
     # last SetPrimary); None when it selects none. Upkeep re-points it whenever it is not the primary:
     # an operator that crashed between recording a new primary and applying SetPrimary repairs it.
     rw_member: str | None = None
+    # A person's word on a major upgrade (annotations pgherd.io/confirm-upgrade, rollback-upgrade,
+    # retry-upgrade): the first two name the major the upgrade went to; the last is any new value.
+    confirm_upgrade: str | None = None
+    rollback_upgrade: str | None = None
+    retry_upgrade: str | None = None
     _by_name: dict[str, MemberView] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -376,6 +376,39 @@ async def start_restore(ctx: ActContext, action: act.StartRestore) -> None:
     ctx.agents.spawn(action.member, ip, "restore", call, then=taken)
 
 
+async def check_upgrade(ctx: ActContext, action: act.CheckUpgrade) -> None:
+    await _upgrade(ctx, action.member, action.major, action.request_id, check=True, reason=action.reason)
+
+
+async def upgrade_member(ctx: ActContext, action: act.UpgradeMember) -> None:
+    await _upgrade(ctx, action.member, action.major, action.request_id, check=False, reason=action.reason)
+
+
+async def _upgrade(
+    ctx: ActContext, member: str, major: int, request_id: str, *, check: bool, reason: str
+) -> None:
+    """The agent's upgrade or its check (agent/upgrading.py): answered at once, followed in /status;
+    an order it carries out or ended already (its request id) is not sent again."""
+    status, ip = _status(ctx, member), _ip(ctx, member)
+    if status is None or ip is None or ctx.agents.busy(member, ip):
+        return
+    ended, progress = status.last_action, status.action_progress
+    if (ended is not None and ended.request_id == request_id) or (
+        progress is not None and progress.request_id == request_id
+    ):
+        return
+
+    def call(client: AgentClient) -> ActionResult | AgentActionError:
+        try:
+            return client.upgrade(major, check=check, request_id=request_id, reason=reason)
+        except AgentActionError as exc:
+            if exc.status != 500:
+                raise  # refused or busy: asked again
+            return exc  # it ran and failed: its lastAction says how
+
+    ctx.agents.spawn(member, ip, "upgrade check" if check else "upgrade", call)
+
+
 async def create_backup(ctx: ActContext, action: act.CreateBackup) -> None:
     body = {
         "apiVersion": names.API_VERSION,
@@ -501,6 +534,8 @@ _HANDLERS: dict[type, Callable[[ActContext, Any], Awaitable[None]]] = {
     act.DropReplicationSlot: drop_slot,
     act.StartSnapshot: start_snapshot,
     act.StartRestore: start_restore,
+    act.CheckUpgrade: check_upgrade,
+    act.UpgradeMember: upgrade_member,
     act.CreateBackup: create_backup,
     act.UpdateBackup: update_backup,
     act.UpdateRestore: update_restore,

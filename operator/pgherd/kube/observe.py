@@ -23,6 +23,7 @@ from datetime import datetime
 from typing import Any
 
 from pgherd.agentview import member_view
+from pgherd.api.annotations import upgrade_requests
 from pgherd.engine.view import (
     BackupView,
     ClusterView,
@@ -428,6 +429,7 @@ def cluster_view(
         generation=meta.get("generation"),
         switchover_to=switchover_to,
         rw_member=rw_member(objects),
+        **upgrade_requests(meta),
     )
 
 

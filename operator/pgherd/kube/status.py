@@ -98,7 +98,9 @@ def cluster_status(
     generation = view.generation
     listed = members(view, decision.current_primary, statuses)
     system_id = previous.get("systemIdentifier")
-    for status in (statuses or {}).values():
+    # The primary's first: after a major upgrade the kept replica still reports the old system's.
+    ordered = sorted((statuses or {}).items(), key=lambda item: item[0] != decision.current_primary)
+    for _, status in ordered:
         if status is not None and status.system_identifier:
             system_id = str(status.system_identifier)
             break
@@ -117,6 +119,7 @@ def cluster_status(
         "selector": f"{names.LABEL_CLUSTER}={view.cluster},{names.LABEL_COMPONENT}={names.COMPONENT_POSTGRES}",
         "members": listed,
         "timeline": decision.status.timeline,
+        "postgresVersion": decision.status.major,
         "image": image,
         "systemIdentifier": system_id,
         "operation": None if operation is None else operation.to_dict(),

@@ -15,6 +15,10 @@ from typing import Any
 from pgherd.local.layout import SandboxPaths, read_json, write_json
 
 
+def _status_of(stored: dict[str, Any] | None) -> dict[str, Any]:
+    return {"status": stored["status"]} if stored is not None and "status" in stored else {}
+
+
 def _admit(manifest: dict[str, Any], old: dict[str, Any] | None = None) -> dict[str, Any]:
     """pgherd.api.admission's admit, imported on first use: reading the stored objects (`pgherd sandbox
     status`, which scripts poll) needs neither pydantic nor CEL, most of that command's start-up."""
@@ -59,13 +63,35 @@ class ObjectStore:
                 " use another --dir for another cluster"
             )
         metadata = {"name": name, "generation": 1, "creationTimestamp": now_iso()}
+        given = (manifest.get("metadata") or {}).get("annotations") or {}
         if stored is not None:
             metadata = dict(stored["metadata"])
-            if stored.get("spec") == admitted.get("spec"):
+            noted = {**(metadata.get("annotations") or {}), **given}
+            if stored.get("spec") == admitted.get("spec") and noted == (metadata.get("annotations") or {}):
                 return f"postgrescluster.pgherd.io/{name} unchanged"
-            metadata["generation"] = int(metadata.get("generation", 1)) + 1
-        write_json(self.paths.cluster_object, {**admitted, "metadata": metadata})
+            if stored.get("spec") != admitted.get("spec"):
+                metadata["generation"] = int(metadata.get("generation", 1)) + 1
+            given = noted
+        if given:
+            metadata["annotations"] = {str(k): str(v) for k, v in given.items()}
+        write_json(self.paths.cluster_object, {**admitted, "metadata": metadata, **_status_of(stored)})
         return f"postgrescluster.pgherd.io/{name} {'configured' if stored else 'created'}"
+
+    def annotate(self, key: str, value: str | None) -> str:
+        """Set (or with None remove) an annotation of the cluster, as `kubectl annotate` does: the spec
+        and its generation stay as they are."""
+        stored: dict[str, Any] | None = read_json(self.paths.cluster_object)
+        if stored is None:
+            raise ValueError("no PostgresCluster in this sandbox yet")
+        metadata = dict(stored["metadata"])
+        annotations = dict(metadata.get("annotations") or {})
+        if value is None:
+            annotations.pop(key, None)
+        else:
+            annotations[key] = value
+        metadata["annotations"] = annotations
+        write_json(self.paths.cluster_object, {**stored, "metadata": metadata})
+        return f"postgrescluster.pgherd.io/{metadata['name']} annotated"
 
     def _child_path(self, kind: str, name: str) -> Path:
         folder = self.paths.backups if kind == "Backup" else self.paths.restores

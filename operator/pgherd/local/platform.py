@@ -31,6 +31,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from pgherd.agentview import fetch_statuses, member_view, port_resolver
+from pgherd.api.annotations import upgrade_requests
 from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.engine import actions as act
 from pgherd.engine.view import ClusterView, MemberView
@@ -381,6 +382,7 @@ class LocalPlatform:
             generation=int(cluster["metadata"].get("generation", 1)),
             switchover_to=switchover_to,
             rw_member=self.rw_member,
+            **upgrade_requests(cluster["metadata"]),
         )
         return view, seen
 
@@ -587,6 +589,31 @@ class LocalPlatform:
             return
         with contextlib.suppress(AgentError):  # refused while a standby uses it: asked again
             self.client(action.member).drop_slot(action.slot.replace("-", "_"), reason=action.reason)
+
+    def _do_CheckUpgrade(self, action: act.CheckUpgrade, spec: PostgresClusterSpec) -> None:
+        self._upgrade(action.member, action.major, action.request_id, check=True, reason=action.reason)
+
+    def _do_UpgradeMember(self, action: act.UpgradeMember, spec: PostgresClusterSpec) -> None:
+        self._upgrade(action.member, action.major, action.request_id, check=False, reason=action.reason)
+
+    def _upgrade(self, name: str, major: int, request_id: str, *, check: bool, reason: str) -> None:
+        """The agent's upgrade (or its check): answered at once, followed in its /status; an order it
+        carries out or ended already (the same request id) starts nothing new."""
+        if name not in self.members or not self.pods.running(name):
+            return
+        status = self._statuses.get(name)
+        if status is None:
+            return  # its agent is starting: the engine asks again
+        ended = status.last_action
+        progress = status.action_progress
+        if (ended is not None and ended.request_id == request_id) or (
+            progress is not None and progress.request_id == request_id
+        ):
+            return
+        try:
+            self.client(name).upgrade(major, check=check, request_id=request_id, reason=reason)
+        except AgentError as exc:
+            log.warning("%s on %s: %s", "upgrade check" if check else "upgrade", name, exc)
 
     def _do_RecordEvent(self, action: act.RecordEvent, spec: PostgresClusterSpec) -> None:
         kind = "Warning" if action.warning else "Normal"

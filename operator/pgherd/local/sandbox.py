@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from pgherd.local.layout import SandboxPaths, read_json, write_json
-from pgherd.local.major_change import MajorChangeRefused, refuse_major_change
 from pgherd.local.objects import ObjectStore
 from pgherd.local.postgres.resolve import PostgresInstall, PostgresUnavailable, resolve
 from pgherd.local.s3server import S3ServerUnavailable, choose_backend, free_port
@@ -247,8 +246,8 @@ class Sandbox:
                 }
                 for r in objects.restores()
             ],
-            "postgresVersion": state.postgres_major,
-            "postgresBin": state.pg_bindir,
+            "postgresVersion": recorded.get("postgresVersion") or state.postgres_major,
+            "postgresBin": _bindir_of(recorded.get("postgresVersion"), state),
             "store": state.store_url,
             "s3Endpoint": state.s3.endpoint,
             "supervisorRunning": self.supervisor_pid() is not None,
@@ -259,10 +258,7 @@ class Sandbox:
     def apply(self, manifest: dict[str, Any]) -> str:
         state = self.state()
         if manifest.get("kind") == "PostgresCluster":
-            try:
-                refuse_major_change(state.postgres_major, manifest)
-            except MajorChangeRefused as exc:
-                raise SandboxError(str(exc)) from None
+            _upgrade_programs(state.postgres_major, manifest)
             stored = self.objects.cluster()
             store = ((stored.get("spec") or {}).get("backup") or {}).get("store")
             spec = manifest.get("spec") or {}
@@ -402,6 +398,27 @@ def check_members_mode(members: str) -> None:
             f"--members {members}: the sandbox runs every member on its own agent (`pgherd instance run`);"
             " the inline mode was removed. Drop --members (and PGHERD_SANDBOX_MEMBERS)"
         )
+
+
+def _bindir_of(major: int | None, state: SandboxState) -> str | None:
+    """The bin directory of the major the cluster runs (another than the sandbox's first after an
+    upgrade)."""
+    if major is None or major == state.postgres_major:
+        return state.pg_bindir
+    try:
+        return str(resolve(major).bindir)
+    except PostgresUnavailable:
+        return None
+
+
+def _upgrade_programs(running: int | None, manifest: dict[str, Any]) -> None:
+    """A manifest that raises postgresVersion (a major upgrade, admission refuses a lower one) is
+    refused before it is stored when the new major's programs are not here (with how to get them):
+    the upgrade's preflight would only find out later."""
+    spec = manifest.get("spec")
+    wanted = spec.get("postgresVersion") if isinstance(spec, dict) else None
+    if isinstance(wanted, int) and not isinstance(wanted, bool) and running is not None and wanted > running:
+        _postgres_of(wanted)
 
 
 def _postgres_of(major: int) -> PostgresInstall:

@@ -278,6 +278,7 @@ class Supervisor:
             "readyInstances": sum(1 for m in members if m["ready"]),
             "members": members,
             "timeline": decision.status.timeline,
+            "postgresVersion": decision.status.major,
             "operation": None if operation is None else operation.to_dict(),
             "engine": decision.status.to_dict(),
             "updatedAt": now_iso(),

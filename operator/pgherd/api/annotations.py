@@ -1,0 +1,36 @@
+"""Annotations a person sets on a PostgresCluster to ask for something (the same on Kubernetes, with
+`kubectl annotate`, and in the sandbox, with `pgherd sandbox annotate`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypedDict
+
+# After a major upgrade, while a replica is kept on the old major (docs/upgrades.md): the value names
+# the major the upgrade went to, so that an annotation left behind never acts on a later upgrade.
+CONFIRM_UPGRADE = "pgherd.io/confirm-upgrade"
+ROLLBACK_UPGRADE = "pgherd.io/rollback-upgrade"
+# A refused or rolled-back upgrade is tried again when this takes a value it did not have then.
+RETRY_UPGRADE = "pgherd.io/retry-upgrade"
+UPGRADE_ANNOTATIONS = (CONFIRM_UPGRADE, ROLLBACK_UPGRADE, RETRY_UPGRADE)
+
+
+class UpgradeRequests(TypedDict):
+    confirm_upgrade: str | None
+    rollback_upgrade: str | None
+    retry_upgrade: str | None
+
+
+def upgrade_requests(metadata: Mapping[str, Any]) -> UpgradeRequests:
+    """The ClusterView fields of the upgrade annotations in a cluster object's ``metadata``."""
+    annotations = metadata.get("annotations") or {}
+
+    def value(key: str) -> str | None:
+        found = annotations.get(key)
+        return None if found is None else str(found)
+
+    return {
+        "confirm_upgrade": value(CONFIRM_UPGRADE),
+        "rollback_upgrade": value(ROLLBACK_UPGRADE),
+        "retry_upgrade": value(RETRY_UPGRADE),
+    }

