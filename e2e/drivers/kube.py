@@ -29,6 +29,7 @@ from e2e.driver import (
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SWITCHOVER_ANNOTATION = "pgherd.io/switchover-to"
+DATA_MOUNT = "/var/lib/pgherd"  # the member's volume in its pod (pgherd.kube.names.DATA_MOUNT)
 POSTGRES_PORT = 5432
 S3_SECRET = "pgherd-e2e-s3"
 S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
@@ -235,6 +236,7 @@ class KubeDriver(PollingDriver):
                 "dsn": None,
                 "lagBytes": m.get("lagBytes"),
                 "timeline": m.get("timeline"),
+                "version": m.get("version"),
             }
             for m in raw.get("members") or []
         ]
@@ -250,6 +252,7 @@ class KubeDriver(PollingDriver):
             "operation": raw.get("operation"),
             "instances": raw.get("instances"),
             "readyInstances": raw.get("readyInstances"),
+            "postgresVersion": raw.get("postgresVersion"),
         }
 
     def _objects(self, resource: str, *, with_id: bool) -> list[ObjectStatus]:
@@ -349,6 +352,16 @@ class KubeDriver(PollingDriver):
         raise DriverError(
             f"the operator did not act on {SWITCHOVER_ANNOTATION}={target} within 120 s\n{self.describe()}"
         )
+
+    def annotate(self, key: str, value: str | None) -> None:
+        change = f"{key}={value}" if value is not None else f"{key}-"
+        self.kube.run(
+            "-n", self.namespace, "annotate", "postgrescluster", self.cluster, change, "--overwrite"
+        )
+
+    def break_upgrade(self, member: str, major: int) -> None:
+        control = f"{DATA_MOUNT}/upgrade/pgdata-{major}/global/pg_control"
+        self.kube.run("-n", self.namespace, "exec", member, "-c", "postgres", "--", "rm", control)
 
     def kill_operator(self, at_step: str | None = None, done: int = 0) -> None:
         """At once, or once the status shows the step: armed (arm_operator_kill), the operator is frozen

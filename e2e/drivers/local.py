@@ -209,6 +209,15 @@ class LocalDriver(PollingDriver):
     def resume_operator(self) -> None:
         self._sandbox("resume", timeout=UP_TIMEOUT)
 
+    def annotate(self, key: str, value: str | None) -> None:
+        self._sandbox("annotate", f"{key}={value}" if value is not None else f"{key}-")
+
+    def break_upgrade(self, member: str, major: int) -> None:
+        control = self.dir / "members" / member / "upgrade" / f"pgdata-{major}" / "global" / "pg_control"
+        if not control.exists():
+            raise DriverError(f"{control} does not exist: no upgrade check ran on {member}")
+        control.unlink()
+
     def rw_dsn(self) -> str:
         # Cached from the last status(): the write loop asks at every reconnect and must not wait on a CLI.
         if self._rw_dsn is None:

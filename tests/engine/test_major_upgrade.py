@@ -174,3 +174,29 @@ def test_single_instance_and_no_store_are_refused_with_the_way_out() -> None:
     assert reached(m) == (False, "UpgradeRefused")
     assert "scale it to 2 or more" in str(m.status.aborted.failed)
     assert m.model.upgrades == []
+
+
+def test_a_switchover_and_a_failover_while_the_old_major_is_kept_leave_it_alone() -> None:
+    """Found by the property search: a switchover's end re-pointed every member at the new primary,
+    the kept replica too (re-cloned onto the new major: the way back gone, then counted as a voter)."""
+    m = machine()
+    raise_major(m)
+    until(m, lambda: upgraded(m))
+    kept = m.status.kept.member
+    other = next(n for n in m.model.nodes if n not in (kept, m.status.current_primary))
+    m.model.switchover_to = other
+    until(m, lambda: m.status.current_primary == other and m.last.phase is Phase.RUNNING)
+    m.model.switchover_to = None
+    node = m.model.nodes[kept]
+    assert (node.major, node.fenced, node.running) == (OLD, True, False)
+    assert kept not in m.status.voters
+    # The new primary's pod is lost. With one of three members kept out, two voters remain: the quorum
+    # is lost (docs/upgrades.md says so), nothing is promoted, the kept replica least of all.
+    m.model.crash(m.model.nodes[other])
+    until(m, lambda: m.last.phase is Phase.QUORUM_LOST)
+    passes(m, 20)
+    assert m.status.current_primary == other and m.model.promotions.count(kept) == 0
+    node = m.model.nodes[kept]
+    assert (node.major, node.fenced, node.running) == (OLD, True, False)
+    m.model.restart(m.model.nodes[other])
+    until(m, lambda: m.last.phase is Phase.RUNNING)

@@ -83,7 +83,7 @@ def standby_starts(ctx: Context) -> tuple[Action, ...]:
     return tuple(
         Demote(m.name, reason="no primary: keep its WAL available, read-only")
         for m in ctx.view.existing()
-        if m.fenced and not (m.reachable and m.role is Role.REPLICA)
+        if m.fenced and not (m.reachable and m.role is Role.REPLICA) and m.name != ctx.kept_member
     )
 
 
@@ -289,6 +289,7 @@ def finish(ctx: Context, operation: Operation, target: MemberView, phase: Phase)
     )
     actions: list[Action] = [SetPrimary(target.name, reason=f"{operation.kind} from {operation.source}")]
     for member in ctx.view.existing():
-        if member.name != target.name and (member.reachable or member.fenced):
+        # Never the replica kept on the old major after an upgrade: it stays fenced until confirmed.
+        if member.name not in (target.name, ctx.kept_member) and (member.reachable or member.fenced):
             actions.append(Rejoin(member.name, target.name, reason=f"new primary {target.name}"))
     return Outcome(phase, status, tuple(actions), message=f"{target.name} is the new primary")

@@ -45,8 +45,14 @@ RESTART_PARAMETERS = frozenset(
 )
 
 
-def spec_revision(spec: PostgresClusterSpec) -> str:
-    """A short, stable digest of what requires a restart; equal specs give equal revisions."""
+def spec_revision(spec: PostgresClusterSpec, image: str | None = None) -> str:
+    """A short, stable digest of what requires a restart; equal specs give equal revisions.
+
+    ``image``: the image the platform gives the members for this spec (Kubernetes: spec.image, else the
+    operator's postgresImage for spec.postgresVersion); None where members run no image (the sandbox).
+    postgresVersion itself is not part of it: a member runs its data directory's own major, and a
+    change of major is an upgrade (engine/upgrade.py), not a restart. Only when the image changes with
+    it (a postgresImage per major) do the members restart into the new image, before the upgrade."""
     parameters = {
         key.lower(): value
         for key, value in (spec.parameters or {}).items()
@@ -54,7 +60,7 @@ def spec_revision(spec: PostgresClusterSpec) -> str:
     }
     resources = spec.resources.model_dump(mode="json", exclude_none=True) if spec.resources else {}
     payload = {
-        "image": spec.image or f"postgres:{spec.postgres_version}",
+        "image": image or spec.image or "",
         "parameters": dict(sorted(parameters.items())),
         "resources": resources,
     }

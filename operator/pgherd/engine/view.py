@@ -200,6 +200,9 @@ class ClusterView:
     # last SetPrimary); None when it selects none. Upkeep re-points it whenever it is not the primary:
     # an operator that crashed between recording a new primary and applying SetPrimary repairs it.
     rw_member: str | None = None
+    # The image the platform runs the members on for this spec (None: no image, the sandbox): part of
+    # the spec revision (see pgherd.engine.revision).
+    image: str | None = None
     # A person's word on a major upgrade (annotations pgherd.io/confirm-upgrade, rollback-upgrade,
     # retry-upgrade): the first two name the major the upgrade went to; the last is any new value.
     confirm_upgrade: str | None = None

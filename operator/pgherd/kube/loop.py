@@ -177,6 +177,7 @@ class ClusterLoop:
             statuses,
             datetime.now(UTC),
             switchover_to=switchover_to,
+            image=image,
             extra_jobs=self.restores.job_views(statuses, observed_at),
             lost_volumes=self.volumes.lost(objects),
         )
@@ -282,7 +283,8 @@ class ClusterLoop:
         if self._parsed is not None and key[1] is not None and self._parsed[0] == key:
             return self._parsed[1]
         spec = PostgresClusterSpec.model_validate(body.get("spec") or {})
-        parsed = (spec, self.owned.image(spec), spec_revision(spec))
+        image = self.owned.image(spec)
+        parsed = (spec, image, spec_revision(spec, image))
         self._parsed = (key, parsed)
         return parsed
 

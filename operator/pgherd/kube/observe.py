@@ -414,6 +414,7 @@ def cluster_view(
     now: datetime,
     *,
     switchover_to: str | None,
+    image: str | None = None,
     extra_jobs: Iterable[JobView] = (),
     lost_volumes: Set[str] = frozenset(),
 ) -> ClusterView:
@@ -429,6 +430,7 @@ def cluster_view(
         generation=meta.get("generation"),
         switchover_to=switchover_to,
         rw_member=rw_member(objects),
+        image=image,
         **upgrade_requests(meta),
     )
 
