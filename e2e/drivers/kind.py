@@ -64,7 +64,7 @@ _SESSION_PATH = time.strftime("e2e-%Y%m%d-%H%M%S", time.gmtime())
 
 def chart_image_values(image: str) -> list[str]:
     """`helm --set` arguments running `image` (REPOSITORY[:TAG]) as the operator. The chart's default
-    postgresImage is then `<image>-pg{major}`: e2e/kind/build-image.sh loads that tag too."""
+    postgresImage is then `image` too: it carries every major the scenarios run."""
     last = image.split("/")[-1]
     repository, _, tag = image.rpartition(":") if ":" in last else (image, "", "")
     values = ["--set", f"image.repository={repository}", "--set", "image.pullPolicy=IfNotPresent"]

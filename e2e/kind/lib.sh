@@ -49,10 +49,11 @@ case "${PGHERD_E2E_IMAGE##*/}" in
     exit 2
     ;;
 esac
-# The chart's default postgresImage is <image.repository>:<image.tag>-pg{major} and the operator puts
-# a cluster's spec.postgresVersion in place of {major}: the pods of the scenarios' clusters run this
-# tag. build-image.sh gives it to the very image it builds (with PostgreSQL PGHERD_E2E_PG_VERSION).
-POSTGRES_IMAGE="$PGHERD_E2E_IMAGE-pg$PGHERD_E2E_PG_VERSION"
+# The chart's default postgresImage is the operator's own image (<image.repository>:<image.tag>), which
+# carries every major: the pods of the scenarios' clusters run it too. build-image.sh also tags it
+# <image>-pg<major> (PostgreSQL PGHERD_E2E_PG_VERSION first), for a postgresImage with {major}.
+POSTGRES_IMAGE="$PGHERD_E2E_IMAGE"
+MAJOR_IMAGE="$PGHERD_E2E_IMAGE-pg$PGHERD_E2E_PG_VERSION"
 
 log() {
   printf '%s [e2e/kind] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2

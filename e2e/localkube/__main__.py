@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from e2e.localkube.settings import POSTGRES_MAJOR, PROJECT_IMAGE, Ports, Settings
+from e2e.localkube.settings import EXTRA_MAJORS, POSTGRES_MAJOR, PROJECT_IMAGE, Ports, Settings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,6 +31,12 @@ def main(argv: list[str] | None = None) -> int:
         "--image", default=PROJECT_IMAGE, help=f"the image's name in containerd (default {PROJECT_IMAGE})"
     )
     p.add_argument("--postgres-major", type=int, default=POSTGRES_MAJOR, help="the image's PostgreSQL major")
+    p.add_argument(
+        "--extra-majors",
+        default=EXTRA_MAJORS,
+        help=f"the other majors the image carries (default {EXTRA_MAJORS!r}: the upgrade scenarios' old"
+        ' major; "default": the Dockerfile\'s own, every major)',
+    )
     p.add_argument(
         "--port-base", type=int, default=Ports().base, help="first of the cluster's ports (default 20200)"
     )
@@ -53,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             image_archive=args.image_archive.resolve() if args.image_archive else None,
             image=args.image,
             postgres_major=args.postgres_major,
+            extra_majors=args.extra_majors,
             keep_on_failure=args.keep_on_failure,
         )
         try:

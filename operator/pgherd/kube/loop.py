@@ -60,7 +60,7 @@ class OperatorConfig:
     """What `pgherd operator` was started with (see commands/operator.py)."""
 
     postgres_image: str = ""  # PGHERD_POSTGRES_IMAGE: "{major}" stands for spec.postgresVersion
-    default_image: str = "ghcr.io/pgherd/pgherd:latest-pg{major}"
+    default_image: str = "ghcr.io/pgherd/pgherd:latest"
     member_address: str = "dns"  # how members reach each other: dns (headless Service) | ip (pod IP)
     agent_scheme: str = "https"
     steady_interval: float = STEADY_INTERVAL
