@@ -6,13 +6,11 @@ from the upgraded primary."""
 
 from __future__ import annotations
 
-import pytest
 from agent_helpers import MEMBERS, Agent
 
 from pgherd.local.postgres.resolve import resolve
 from pgherd_backup.agent.wire import ActionOutcome
 from pgherd_backup.postgres.binaries import data_major
-
 
 OLD, NEW = 16, 17
 
