@@ -33,7 +33,8 @@ from e2e.workload import WriteLoad
 
 pytestmark = pytest.mark.e2e
 
-UPGRADE_TIMEOUT = 420  # a rolling restart into the new image, a Backup, the upgrade, the rebuilds
+UPGRADE_TIMEOUT = 420  # a Backup, the checks, the upgrade, the rebuilds
+ACKS_TIMEOUT = 90  # writes flowing again once the new primary is ready (kube-proxy applies its endpoint)
 CONFIRM = "pgherd.io/confirm-upgrade"
 RETRY = "pgherd.io/retry-upgrade"
 
@@ -63,11 +64,14 @@ def _upgraded(major: int):  # type: ignore[no-untyped-def]
     """The upgrade's operation is over, the cluster on ``major`` with one replica kept on the old one."""
 
     def done(status: ClusterStatus) -> bool:
+        primary = next((m for m in status.get("members") or [] if m["name"] == status.get("primary")), None)
         return (
             status.get("postgresVersion") == major
             and not status.get("operation")
             and status.get("phase") == "Running"
             and _reached(status) == ("True", "OldMajorKept")
+            and primary is not None
+            and bool(primary.get("ready"))
         )
 
     return done
@@ -118,7 +122,7 @@ def test_upgrade_under_write_load_then_a_backup_restores(
         load.wait_for_acks(50)
         cluster.annotate(RETRY, "after-dropping-the-reg-column")
         status = cluster.wait_for(unless_failed(_upgraded(new)), UPGRADE_TIMEOUT, f"the upgrade to {new}")
-        load.wait_for_acks(load.acked_count() + 100)
+        load.wait_for_acks(load.acked_count() + 100, timeout=ACKS_TIMEOUT)
     finally:
         report = load.stop()
     print(
@@ -187,7 +191,7 @@ def test_a_failure_after_writes_stopped_rolls_back_to_the_kept_replica(
         )
         status = cluster.wait_for(unless_failed(_on(old)), UPGRADE_TIMEOUT, f"every member back on {old}")
         before = load.acked_count()
-        load.wait_for_acks(before + 100)  # writes go on, on the old major
+        load.wait_for_acks(before + 100, timeout=ACKS_TIMEOUT)  # writes go on, on the old major
     finally:
         report = load.stop()
     assert status.get("postgresVersion") == old, status
@@ -217,7 +221,7 @@ def test_an_operator_killed_mid_upgrade_is_finished_by_the_next_one(
         cluster.wait_operator_killed(timeout=UPGRADE_TIMEOUT)
         cluster.resume_operator()
         cluster.wait_for(unless_failed(_upgraded(new)), UPGRADE_TIMEOUT, f"the resumed upgrade to {new}")
-        load.wait_for_acks(load.acked_count() + 100)
+        load.wait_for_acks(load.acked_count() + 100, timeout=ACKS_TIMEOUT)
     finally:
         report = load.stop()
     assert_no_acknowledged_write_lost(cluster, report)

@@ -167,6 +167,8 @@ def advance(ctx: Context, operation: Operation) -> Outcome:
             )
         if requested:
             return _refuse(ctx, operation, "rolled back before writes stopped (pgherd.io/rollback-upgrade)")
+        if ctx.spec.instances < 2:  # scaled down since it started
+            return _refuse(ctx, operation, "scaled to one member: no replica to keep as the way back")
         if step == "backup":
             return _backup(ctx, operation)
         return _check(ctx, operation, primary)
@@ -240,6 +242,8 @@ def _check(ctx: Context, operation: Operation, primary: MemberView) -> Outcome:
         return _refuse(ctx, operation, f"pg_upgrade --check on {primary.name}: {ended.error}")
     kept = _kept_candidate(ctx)
     if kept is None:
+        if ctx.now - (operation.step_started_at or operation.started_at) > STOP_TIMEOUT:
+            return _refuse(ctx, operation, "no replica streamed, caught up, to keep as the way back")
         return Outcome(
             PHASE, ctx.status, message="preflight passed: waiting for a replica to keep as the way back"
         )
