@@ -37,7 +37,7 @@ from pgherd_backup.agent.supervisor import (
     StartRefused,
     stop_children,
 )
-from pgherd_backup.agent.wire import ActionProgress
+from pgherd_backup.agent.wire import ActionOutcome, ActionProgress
 from pgherd_backup.errors import BackupError, PostgresError
 from pgherd_backup.postgres.binaries import PgBinaries, data_major
 from pgherd_backup.postgres.config import (
@@ -94,6 +94,24 @@ class LongAction:
     bytes_total: int | None = None
     kept_aside: str | None = None
     started_at: str = field(default_factory=now_iso)
+
+    def outcome(
+        self, *, ok: bool, detail: str, error: str | None = None, timeline: int | None = None
+    ) -> ActionOutcome:
+        """How it ended, as /status shows it (`lastAction`) and the agent's state keeps it."""
+        return ActionOutcome(
+            self.name,
+            ok=ok,
+            request_id=self.request_id,
+            snapshot=None if self.snapshot is None else self.snapshot,
+            target=self.target,
+            error=error,
+            detail=detail,
+            timeline=timeline,
+            kept_aside=self.kept_aside,
+            started_at=self.started_at,
+            finished_at=now_iso(),
+        )
 
     def wire(self) -> ActionProgress:
         return ActionProgress(

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import psycopg
 
-from pgherd_backup.agent.instance import Busy, Instance, LongAction, Refused, StartRole, now_iso
+from pgherd_backup.agent.instance import Busy, Instance, LongAction, Refused, StartRole
 from pgherd_backup.agent.seeding import parse_target
 from pgherd_backup.agent.status import query_live
 from pgherd_backup.agent.supervisor import PostmasterState
@@ -93,7 +93,7 @@ def request(inst: Instance, order: RestoreRequest) -> ActionResult:
                     detail=f"this restore is in progress ({running.stage})",
                 )
             raise Busy(f"busy: a {running.name} is in progress ({running.stage}); ask again when it is done")
-        done = _last_restore(inst, order.request_id)
+        done = last_outcome(inst, "restore", order.request_id)
         if done is not None:
             if not done.ok:
                 raise BackupError(
@@ -143,8 +143,8 @@ def request(inst: Instance, order: RestoreRequest) -> ActionResult:
     )
 
 
-def _last_restore(inst: Instance, request_id: str | None) -> ActionOutcome | None:
-    """How the last restore ended, if it was the one named `request_id`."""
+def last_outcome(inst: Instance, name: str, request_id: str | None) -> ActionOutcome | None:
+    """How the last long action ended, if it was the `name` order named `request_id`."""
     raw = inst.settings_snapshot()["last_action"]
     if not request_id or not raw:
         return None
@@ -152,7 +152,7 @@ def _last_restore(inst: Instance, request_id: str | None) -> ActionOutcome | Non
         outcome = ActionOutcome.from_dict(raw)
     except WireError:
         return None
-    return outcome if outcome.name == "restore" and outcome.request_id == request_id else None
+    return outcome if outcome.name == name and outcome.request_id == request_id else None
 
 
 # -- the restore, in its thread -------------------------------------------------------------------------
@@ -277,19 +277,7 @@ def _failed(inst: Instance, job: LongAction, error: str) -> ActionOutcome:
 def _outcome(
     job: LongAction, *, ok: bool, detail: str, error: str | None = None, timeline: int | None = None
 ) -> ActionOutcome:
-    return ActionOutcome(
-        "restore",
-        ok=ok,
-        request_id=job.request_id,
-        snapshot=job.snapshot,
-        target=job.target,
-        error=error,
-        detail=detail,
-        timeline=timeline,
-        kept_aside=job.kept_aside,
-        started_at=job.started_at,
-        finished_at=now_iso(),
-    )
+    return job.outcome(ok=ok, detail=detail, error=error, timeline=timeline)
 
 
 def error_text(exc: BaseException) -> str:

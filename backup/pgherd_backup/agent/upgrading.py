@@ -42,10 +42,10 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from pgherd_backup.agent.instance import Busy, Instance, LongAction, Refused, StartRole, now_iso
-from pgherd_backup.agent.restoring import spawn
+from pgherd_backup.agent.instance import Busy, Instance, LongAction, Refused, StartRole
+from pgherd_backup.agent.restoring import last_outcome, spawn
 from pgherd_backup.agent.status import query_live
-from pgherd_backup.agent.wire import ActionOutcome, ActionResult, UpgradeRequest, WireError
+from pgherd_backup.agent.wire import ActionOutcome, ActionResult, UpgradeRequest
 from pgherd_backup.errors import BackupError, PostgresError
 from pgherd_backup.postgres.binaries import PgBinaries, data_major
 from pgherd_backup.postgres.config import update_pgherd_conf
@@ -79,7 +79,7 @@ def request(inst: Instance, order: UpgradeRequest) -> ActionResult:
                     name, changed=False, in_progress=True, detail=f"in progress ({running.stage})"
                 )
             raise Busy(f"busy: a {running.name} is in progress ({running.stage}); ask again when it is done")
-        done = _last(inst, name, order.request_id)
+        done = last_outcome(inst, name, order.request_id)
         if done is not None:
             if not done.ok:
                 raise BackupError(f"{name} {order.request_id} failed: {done.error}")
@@ -102,17 +102,6 @@ def request(inst: Instance, order: UpgradeRequest) -> ActionResult:
     return ActionResult(
         name, in_progress=True, detail=f"{name} to PostgreSQL {order.major}: follow it in /status"
     )
-
-
-def _last(inst: Instance, name: str, request_id: str | None) -> ActionOutcome | None:
-    raw = inst.settings_snapshot()["last_action"]
-    if not request_id or not raw:
-        return None
-    try:
-        outcome = ActionOutcome.from_dict(raw)
-    except WireError:
-        return None
-    return outcome if outcome.name == name and outcome.request_id == request_id else None
 
 
 # -- shared ---------------------------------------------------------------------------------------------
@@ -441,18 +430,7 @@ def _marker(job: LongAction, old_major: int, target: Path) -> dict[str, Any]:
 def _outcome(
     job: LongAction, *, ok: bool, detail: str, error: str | None = None, timeline: int | None = None
 ) -> ActionOutcome:
-    return ActionOutcome(
-        job.name,
-        ok=ok,
-        request_id=job.request_id,
-        target=job.target,
-        error=error,
-        detail=detail,
-        timeline=timeline,
-        kept_aside=job.kept_aside,
-        started_at=job.started_at,
-        finished_at=now_iso(),
-    )
+    return job.outcome(ok=ok, detail=detail, error=error, timeline=timeline)
 
 
 def failed(inst: Instance, job: LongAction, error: str) -> ActionOutcome:

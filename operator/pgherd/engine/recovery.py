@@ -239,6 +239,9 @@ def advance(ctx: Context, operation: Operation) -> Outcome:
             operation=operation,
             current_primary=target.name,
             timeline=target.timeline,
+            # A snapshot taken before a major upgrade brings the data back on its own major (and a
+            # postgresVersion above it upgrades the cluster again, as for any cluster behind its spec).
+            major=target.data_major or ctx.status.major,
             voters=frozenset({target.name}),
             sync=None,
             sync_pending=ASYNC,
