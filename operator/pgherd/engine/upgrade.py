@@ -550,6 +550,8 @@ def condition(ctx: Context) -> Condition | None:
                 " annotation pgherd.io/retry-upgrade to try again",
             )
         return false(kind, "Pending", f"running PostgreSQL {major}; the upgrade to {wanted_major} waits")
+    primary = ctx.healthy_primary()
+    analyzing = "; statistics being rebuilt" if primary is not None and primary.analyzing else ""
     if kept is not None:
         until = kept.since + parse_duration(ctx.spec.upgrade.keep_old_major_for)
         return true(
@@ -557,6 +559,6 @@ def condition(ctx: Context) -> Condition | None:
             "OldMajorKept",
             f"PostgreSQL {major}; {kept.member} is kept on PostgreSQL {kept.major} as the way back until"
             f' {until.isoformat()} (pgherd.io/confirm-upgrade: "{kept.to_major}" confirms now,'
-            f' pgherd.io/rollback-upgrade: "{kept.to_major}" goes back)',
+            f' pgherd.io/rollback-upgrade: "{kept.to_major}" goes back){analyzing}',
         )
-    return true(kind, "Reached", f"PostgreSQL {major}")
+    return true(kind, "Reached", f"PostgreSQL {major}{analyzing}")
