@@ -177,13 +177,15 @@ def by_dump(old: PostgresInstall, new: PostgresInstall, template: Path, root: Pa
     return Result("dump", downtime, downtime, (before + load()) / 2, "analyze not included")
 
 
-def by_pgherd(old: int, new: int, scale: int, root: Path) -> Result:
-    """The sandbox: a 3-member cluster of the old major, pgbench data of that scale, then the upgrade."""
+def by_pgherd(old: int, new: int, scale: int, root: Path, instances: int) -> Result:
+    """The sandbox: a cluster of the old major, pgbench data of that scale, then the upgrade."""
     sandbox = root / "sandbox"
     manifest = root / "cluster.yaml"
+    mode = "quorum" if instances >= 3 else "async"
     manifest.write_text(
         "apiVersion: pgherd.io/v1alpha1\nkind: PostgresCluster\nmetadata: {name: bench}\n"
-        f"spec:\n  instances: 3\n  postgresVersion: {old}\n  parameters: {{max_wal_size: 4GB}}\n"
+        f"spec:\n  instances: {instances}\n  postgresVersion: {old}\n  replication: {{mode: {mode}}}\n"
+        "  parameters: {max_wal_size: 4GB}\n"
     )
     try:
         subprocess.run([PGHERD, "sandbox", "up", "-f", str(manifest), "--dir", str(sandbox)], check=True,
@@ -211,7 +213,7 @@ def by_pgherd(old: int, new: int, scale: int, root: Path) -> Result:
         time.sleep(2)
         gaps.stop()
         return Result("pgherd", gaps.longest, total, (before + load()) / 2,
-                      f"{gaps.acked} writes acknowledged, {gaps.failed} failed")  # fmt: skip
+                      f"{instances} members ({mode}); {gaps.acked} writes acknowledged, {gaps.failed} failed")  # fmt: skip
     finally:
         subprocess.run([PGHERD, "sandbox", "down", "--dir", str(sandbox)], check=False,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
@@ -278,6 +280,12 @@ def main() -> int:
     parser.add_argument("--scales", default="70,700")
     parser.add_argument("--methods", default="link,copy,dump,pgherd")
     parser.add_argument("--old", type=int, default=None, help="the old major (default: this machine's)")
+    parser.add_argument(
+        "--pgherd-instances",
+        default="70:3,700:2",
+        help="members of pgherd's cluster per scale (SCALE:N,...; default 3, and 2 at 700: three copies of"
+        " 10 GiB and the WAL archive do not fit a 60 GiB disk)",
+    )
     args = parser.parse_args()
     from pgherd.local.postgres.resolve import newest_machine_major
 
@@ -303,7 +311,11 @@ def main() -> int:
                     assert template is not None
                     results.append(by_dump(old, new, template, root))
                 elif method == "pgherd":
-                    results.append(by_pgherd(old_major, old_major + 1, scale, root))
+                    if template is not None:
+                        shutil.rmtree(template.parent / "template", ignore_errors=True)  # the disk's room
+                    sizes = dict(pair.split(":") for pair in args.pgherd_instances.split(","))
+                    instances = int(sizes.get(str(scale), "3"))
+                    results.append(by_pgherd(old_major, old_major + 1, scale, root, instances))
                 say(f"  {results[-1]}")
         finally:
             shutil.rmtree(root, ignore_errors=True)

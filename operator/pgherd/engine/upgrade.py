@@ -243,7 +243,11 @@ def _check(ctx: Context, operation: Operation, primary: MemberView) -> Outcome:
     kept = _kept_candidate(ctx)
     if kept is None:
         if ctx.now - (operation.step_started_at or operation.started_at) > STOP_TIMEOUT:
-            return _refuse(ctx, operation, "no replica streamed, caught up, to keep as the way back")
+            return _refuse(
+                ctx,
+                operation,
+                "no replica caught up with the primary within 60 s, to keep as the way back (one trails it: retry once writes calm down)",
+            )
         return Outcome(
             PHASE, ctx.status, message="preflight passed: waiting for a replica to keep as the way back"
         )
@@ -252,9 +256,15 @@ def _check(ctx: Context, operation: Operation, primary: MemberView) -> Outcome:
 
 
 def _kept_candidate(ctx: Context) -> MemberView | None:
-    """The replica to keep on the old major: a healthy voter with the most data, the lowest ordinal
-    first among equals (scale-downs remove the highest)."""
-    candidates = [m for m in ctx.healthy_replicas() if ctx.wanted(m.name) and m.name in ctx.status.voters]
+    """The replica to keep on the old major: a healthy voter caught up with the primary, with the most
+    data, the lowest ordinal first among equals (scale-downs remove the highest)."""
+    # Caught up (within a WAL segment) before writes stop: the stop then waits for that much, not for
+    # the gigabytes an async replica may trail by after a bulk load.
+    candidates = [
+        m
+        for m in ctx.healthy_replicas()
+        if ctx.wanted(m.name) and m.name in ctx.status.voters and ctx.caught_up(m)
+    ]
     if not candidates:
         return None
     return min(candidates, key=lambda m: (by_most_data(m)[:2], m.ordinal))
