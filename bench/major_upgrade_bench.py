@@ -24,6 +24,7 @@ a test and asserts nothing about time. Scale 700 needs about 35 GiB free and an 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -215,6 +216,14 @@ def by_pgherd(old: int, new: int, scale: int, root: Path, instances: int) -> Res
         return Result("pgherd", gaps.longest, total, (before + load()) / 2,
                       f"{instances} members ({mode}); {gaps.acked} writes acknowledged, {gaps.failed} failed")  # fmt: skip
     finally:
+        logs = (
+            Path(os.environ.get("PGHERD_BENCH_LOGS", tempfile.gettempdir())) / f"upgrade-bench-{scale}-logs"
+        )
+        shutil.rmtree(logs, ignore_errors=True)
+        with contextlib.suppress(OSError, shutil.Error):
+            shutil.copytree(sandbox, logs, ignore=shutil.ignore_patterns("data", "kept", "upgrade", "s3", "run", "*.sock"),
+                            dirs_exist_ok=True)  # fmt: skip
+        say(f"pgherd: the sandbox's logs are in {logs}")
         subprocess.run([PGHERD, "sandbox", "down", "--dir", str(sandbox)], check=False,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
 
