@@ -77,3 +77,28 @@ def test_switchover_requests(tmp_path: Path) -> None:
     assert request is not None and request["to"] == "hippo-2"
     store.clear_switchover()
     assert store.switchover_request() is None
+
+
+def test_annotations_change_no_generation_and_feed_the_view(tmp_path: Path) -> None:
+    """`pgherd sandbox annotate` (ObjectStore.annotate) and annotations in an applied manifest, as
+    `kubectl annotate` and `kubectl apply` do: the spec's generation stays, the engine's view reads them."""
+    from pgherd.api.annotations import CONFIRM_UPGRADE, RETRY_UPGRADE, upgrade_requests
+
+    store = ObjectStore(SandboxPaths(tmp_path))
+    store.apply(_cluster(instances=3))
+    assert store.annotate(CONFIRM_UPGRADE, "17") == "postgrescluster.pgherd.io/hippo annotated"
+    stored = store.cluster()
+    assert stored["metadata"]["generation"] == 1
+    assert upgrade_requests(stored["metadata"])["confirm_upgrade"] == "17"
+    manifest = _cluster(instances=3)
+    manifest["metadata"]["annotations"] = {RETRY_UPGRADE: "1"}
+    assert store.apply(manifest) == "postgrescluster.pgherd.io/hippo configured"
+    requests = upgrade_requests(store.cluster()["metadata"])
+    assert requests == {"confirm_upgrade": "17", "rollback_upgrade": None, "retry_upgrade": "1"}
+    assert store.cluster()["metadata"]["generation"] == 1
+    store.annotate(CONFIRM_UPGRADE, None)
+    assert upgrade_requests(store.cluster()["metadata"])["confirm_upgrade"] is None
+    # a lower major is refused by the CRD's transition rule, a higher one accepted
+    with pytest.raises(ManifestRefused, match="postgresVersion may only go up"):
+        store.apply(_cluster(instances=3, postgresVersion=15))
+    assert store.apply(_cluster(instances=3, postgresVersion=17)).endswith("configured")
