@@ -167,7 +167,7 @@ def test_an_operator_crashing_mid_way_resumes_from_the_recorded_operation() -> N
     assert len(m.model.upgrades) == 1 and m.status.major == NEW
 
 
-def test_single_instance_and_no_store_are_refused_with_the_way_out() -> None:
+def test_a_single_instance_cluster_is_refused_with_the_way_out() -> None:
     m = machine(instances=1)
     raise_major(m)
     passes(m, 3)

@@ -103,7 +103,7 @@ class LongAction:
             self.name,
             ok=ok,
             request_id=self.request_id,
-            snapshot=None if self.snapshot is None else self.snapshot,
+            snapshot=self.snapshot,
             target=self.target,
             error=error,
             detail=detail,

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 
 from pgherd.api.backup import BackupPhase
 from pgherd.api.cluster import Phase
@@ -58,11 +59,10 @@ from pgherd.engine.actions import (
 from pgherd.engine.conditions import Condition, ConditionType, false, true
 from pgherd.engine.context import Context, Outcome, by_most_data, cannot_write
 from pgherd.engine.quorum import ASYNC
-from pgherd.engine.status import OldMajorKept, Operation, OperationKind
+from pgherd.engine.status import EngineStatus, OldMajorKept, Operation, OperationKind
 from pgherd.engine.view import MemberView, Role
 from pgherd_backup.retention import parse_duration
 
-STEPS = ("backup", "check", "stop", "upgrade", "rebuild", "rollback")
 STOP_TIMEOUT = timedelta(seconds=60)  # for the primary's clean stop and the kept replica's catch-up
 PHASE = Phase.UPGRADING
 
@@ -354,6 +354,24 @@ def _upgrade(ctx: Context, operation: Operation) -> Outcome:
     return Outcome(PHASE, ctx.status, (order,), f"pg_upgrade --link on {primary.name}")
 
 
+def _alone(status: EngineStatus, primary: MemberView, major: int | None, **fields: Any) -> EngineStatus:
+    """``primary`` recorded as the only voter, on ``major``, with no synchronous standby yet (another
+    major's members cannot follow it): membership upkeep adds the others as they stream from it."""
+    return replace(
+        status,
+        current_primary=primary.name,
+        timeline=primary.timeline,
+        major=major,
+        voters=frozenset({primary.name}),
+        sync=None,
+        sync_pending=ASYNC,
+        sync_since_lsn=None,
+        primary_lost_since=None,
+        votes_since={},
+        **fields,
+    )
+
+
 def _resume_writes(ctx: Context, operation: Operation, primary: MemberView) -> Outcome:
     stopped_at = operation.writes_stopped_at or operation.step_started_at or operation.started_at
     kept = OldMajorKept(
@@ -363,20 +381,7 @@ def _resume_writes(ctx: Context, operation: Operation, primary: MemberView) -> O
         operation, plan=tuple(n for n in ctx.expected_names() if n not in (primary.name, kept.member))
     )
     operation = operation.at("rebuild", ctx.now)
-    status = replace(
-        ctx.status,
-        operation=operation,
-        current_primary=primary.name,
-        timeline=primary.timeline,
-        major=operation.to_major,
-        voters=frozenset({primary.name}),
-        sync=None,
-        sync_pending=ASYNC,
-        sync_since_lsn=None,
-        primary_lost_since=None,
-        votes_since={},
-        kept=kept,
-    )
+    status = _alone(ctx.status, primary, operation.to_major, operation=operation, kept=kept)
     message = (
         f"PostgreSQL {operation.from_major} -> {operation.to_major} on {primary.name}: writes stopped for"
         f" {(ctx.now - stopped_at).total_seconds():.1f}s; {kept.member} kept on"
@@ -456,21 +461,8 @@ def _rollback(ctx: Context, operation: Operation) -> Outcome:
 
 def _rolled_back(ctx: Context, operation: Operation, kept: MemberView) -> Outcome:
     why = str(operation.rollback)
-    status = replace(
-        ctx.status,
-        operation=None,
-        aborted=replace(operation, failed=f"rolled back: {why}"),
-        current_primary=kept.name,
-        timeline=kept.timeline,
-        major=operation.from_major,
-        voters=frozenset({kept.name}),
-        sync=None,
-        sync_pending=ASYNC,
-        sync_since_lsn=None,
-        primary_lost_since=None,
-        votes_since={},
-        kept=None,
-    )
+    aborted = replace(operation, failed=f"rolled back: {why}")
+    status = _alone(ctx.status, kept, operation.from_major, operation=None, aborted=aborted, kept=None)
     message = (
         f"the upgrade to PostgreSQL {operation.to_major} was rolled back ({why}): {kept.name} is the primary"
         f" on PostgreSQL {operation.from_major}, with every write acknowledged before the upgrade"
