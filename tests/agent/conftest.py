@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from agent_helpers import MEMBERS, Agent, Certs, make_certs
+from agent_helpers import MEMBERS, Agent, Certs, SlowProxy, make_certs
 
 
 @pytest.fixture(scope="session")
@@ -119,3 +119,12 @@ def module_agents(
     request: pytest.FixtureRequest,
 ) -> Iterator[Agents]:
     yield from _agents(work_root, certs, request.module.__name__, template, discard)
+
+
+@pytest.fixture
+def s3_proxy(s3_store):
+    """The test's S3 server behind a proxy (no delay until a test sets one)."""
+    port = int(s3_store.endpoint.endpoint_url.rsplit(":", 1)[1])
+    proxy = SlowProxy(port, 0.0)
+    yield proxy
+    proxy.close()

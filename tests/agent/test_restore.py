@@ -9,19 +9,10 @@ import signal
 from pathlib import Path
 
 import pytest
-from agent_helpers import CLUSTER, MEMBERS, Agent, SlowProxy
+from agent_helpers import CLUSTER, MEMBERS, Agent
 
 from pgherd_backup.agent.client import AgentActionError, AgentBusy
 from pgherd_backup.agent.wire import ActionOutcome, Status
-
-
-@pytest.fixture
-def s3_proxy(s3_store):
-    """The test's S3 server behind a proxy (no delay until a test sets one)."""
-    port = int(s3_store.endpoint.endpoint_url.rsplit(":", 1)[1])
-    proxy = SlowProxy(port, 0.0)
-    yield proxy
-    proxy.close()
 
 
 @pytest.fixture

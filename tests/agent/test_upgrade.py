@@ -6,6 +6,8 @@ from the upgraded primary."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from agent_helpers import MEMBERS, Agent
 
 from pgherd.local.postgres.resolve import resolve
@@ -136,3 +138,59 @@ def test_a_setting_the_new_major_removed_fails_the_check_before_writes_stop(agen
     assert not refused.ok and f"does not know these settings of the cluster: {name}" in str(refused.error)
     assert primary.status().role == "primary"
     primary.sql("CREATE TABLE still_writable (x int)")
+
+
+def _waiting(agent: Agent) -> set[str]:
+    """The WAL files of the agent's data directory that wait for the archiver."""
+    status = agent.pgdata / "pg_wal" / "archive_status"
+    return {mark.name.removesuffix(".ready") for mark in status.glob("*.ready")}
+
+
+def _archived(s3_store) -> set[str]:  # type: ignore[no-untyped-def]
+    """The WAL files in the test's store (whatever the agents' cluster name)."""
+    client, bucket = s3_store.endpoint.client(), s3_store.endpoint.bucket
+    prefix = s3_store.url.split("/", 3)[3] + "/"
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    keys = [item["Key"] for page in pages for item in page.get("Contents", [])]
+    return {key.rsplit("/", 1)[-1] for key in keys if "/wal/" in key}
+
+
+def test_the_old_majors_archive_holds_every_segment_the_stop_left_behind(agents, s3_store, s3_proxy):
+    """An archive slower than the writes: the check waits until the archive caught up, and the segments a
+    fast shutdown cut short by --stop-timeout left waiting are archived by the upgrade, before pg_upgrade:
+    the old major's archive ends where its WAL ends (up to the segment the shutdown wrote in)."""
+    env = {
+        **_env(OLD, NEW),
+        **s3_store.endpoint.env(),
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{s3_proxy.port}",
+    }
+    primary = _primary(agents, MEMBERS[0], "--store", s3_store.url, "--stop-timeout", "2", env=env)
+    primary.sql("CREATE TABLE t (id int)")
+
+    def backlog(segments: int) -> set[str]:
+        for n in range(segments):
+            primary.sql(f"INSERT INTO t VALUES ({n})")
+            primary.sql("SELECT pg_switch_wal()")
+        waiting = _waiting(primary)
+        assert len(waiting) >= 2, waiting  # the archiver is behind: what the test is about
+        return waiting
+
+    s3_proxy.delay = 1.0
+    behind = backlog(4)
+    primary.client.upgrade(NEW, check=True, request_id="check")
+    checked = _outcome(primary, "check")
+    assert checked.ok and "the archive caught up" in checked.detail, checked
+    assert behind <= _archived(s3_store)
+
+    s3_proxy.delay = 4.0  # 4 s per archived file: the fast shutdown cannot wait for them
+    behind = backlog(4)
+    primary.client.fence(reason="writes stopped for the upgrade")
+    left = _waiting(primary)
+    assert left and not left <= _archived(s3_store), left  # the stop left segments unarchived
+    s3_proxy.delay = 0.0
+    primary.client.upgrade(NEW, request_id="upgrade")
+    done = _outcome(primary, "upgrade")
+    assert done.ok, done
+    assert (behind | left) <= _archived(s3_store)
+    assert done.kept_aside is not None
+    assert not list((Path(done.kept_aside) / "pg_wal" / "archive_status").glob("*.ready"))

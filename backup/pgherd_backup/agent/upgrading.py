@@ -9,8 +9,16 @@ then `lastAction` with the order's `requestId`):
                  the new major's initdb beside the data directory (`<volume>/upgrade/pgdata-<major>`, with
                  the old one's encoding, locale, checksums and WAL segment size) and `pg_upgrade --check
                  --link` runs against the live server; then a CHECKPOINT, so that the clean stop's own
-                 has little left. Nothing of the running cluster changes.
+                 has little left, and (`archiving`) a wait until the archive holds every segment that
+                 was waiting for it at that checkpoint: the clean stop then waits for the archiver no
+                 more than for what was written since. An archiver that makes no progress for
+                 ARCHIVE_STALL seconds fails the check. Nothing of the running cluster changes.
 ``check: false`` (PostgreSQL stopped cleanly, fenced): stages
+    archiving    the segments the stop left waiting for the archiver (a fast shutdown cut short by
+                 --stop-timeout leaves some) are archived from the old data directory, as its
+                 archive_command would: the old major's archive ends where its WAL ends, and a snapshot of
+                 the old major restores to its last write. An archive that cannot take them fails the
+                 upgrade before anything changed.
     upgrading    `pg_upgrade --link` from the data directory into the new cluster (hard links: no data
                  file is copied). A failure here leaves the old data directory as it was (pg_control is
                  given back its name: the new server never ran).
@@ -37,6 +45,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +59,7 @@ from pgherd_backup.agent.wire import ActionOutcome, ActionResult, UpgradeRequest
 from pgherd_backup.errors import BackupError, PostgresError
 from pgherd_backup.postgres.binaries import PgBinaries, data_major
 from pgherd_backup.postgres.config import update_pgherd_conf
-from pgherd_backup.postgres.control import read_controldata
+from pgherd_backup.postgres.control import read_controldata, read_system_id
 from pgherd_backup.postgres.process import give_to_pg, make_pg_dir, pg_run
 from pgherd_backup.postgres.seed import initdb
 
@@ -64,6 +73,8 @@ MARGIN = 64 * 1024 * 1024  # room beyond the estimate: the new cluster's first W
 # the new major's own: its defaults; pgherd's settings and the user's parameters are included into it).
 CARRIED = ("pg_hba.conf", "pg_ident.conf", "postgresql.auto.conf", "postgresql.pgherd.conf")
 UPGRADE_TIMEOUT = 6 * 3600
+ARCHIVE_STALL = 120.0  # seconds the check waits for an archiver that archives nothing
+ARCHIVING = "archiving"
 
 _requests = threading.Lock()
 
@@ -145,7 +156,9 @@ def _pg_upgrade(inst: Instance, old: PgBinaries, new: PgBinaries, target: Path, 
     if check:
         args.append("--check")
     else:
-        args += ["-j", str(max(1, min(8, os.cpu_count() or 1)))]
+        # The old server pg_upgrade starts to read its catalogs archives nothing (what the stop left
+        # waiting was archived before, with its progress shown) and so its stop never waits for it.
+        args += ["-j", str(max(1, min(8, os.cpu_count() or 1))), "--old-options", "-c archive_mode=off"]
     pg_run(args, what="pg_upgrade" + (" --check" if check else ""), cwd=str(work), timeout=UPGRADE_TIMEOUT)
 
 
@@ -262,9 +275,89 @@ def _check(inst: Instance, job: LongAction, major: int, token: int) -> ActionOut
     # only what was written since (after a bulk load, minutes of fsync otherwise).
     with inst.connect(timeout=5, statement_timeout=UPGRADE_TIMEOUT) as conn:
         conn.execute("CHECKPOINT")
+    archived = _archive_caught_up(inst, job)
     return _outcome(
-        job, ok=True, detail=f"pg_upgrade --check from PostgreSQL {old_major} to {major} passed; {room}"
+        job,
+        ok=True,
+        detail=f"pg_upgrade --check from PostgreSQL {old_major} to {major} passed; {room}{archived}",
     )
+
+
+def _waiting(pgdata: Path) -> set[str]:
+    """The WAL files waiting for archive_command (their `.ready` marks in pg_wal/archive_status)."""
+    try:
+        marks = os.listdir(pgdata / "pg_wal" / "archive_status")
+    except FileNotFoundError:
+        return set()
+    return {mark.removesuffix(".ready") for mark in marks if mark.endswith(".ready")}
+
+
+def _archive_caught_up(inst: Instance, job: LongAction) -> str:
+    """Wait until every segment waiting at the checkpoint is archived; `; ...` for the check's detail."""
+    if not inst.options.store:
+        return ""
+    backlog = _waiting(inst.pgdata)
+    if not backlog:
+        return "; the archive is caught up"
+    job.stage = ARCHIVING
+    total, remaining = len(backlog), backlog
+    progressed = time.monotonic()
+    while remaining:
+        job.bytes_done, job.bytes_total = total - len(remaining), total
+        time.sleep(0.5)
+        still = remaining & _waiting(inst.pgdata)
+        if len(still) < len(remaining):
+            progressed = time.monotonic()
+        elif time.monotonic() - progressed > ARCHIVE_STALL:
+            raise Refused(
+                f"the WAL archive is behind: {len(still)} of the {total} segments waiting at the check"
+                f" were not archived, none in {ARCHIVE_STALL:.0f}s ({_archiver(inst)}): the upgrade"
+                " waits for a working archive, so that the old major's archive holds all its WAL"
+            )
+        remaining = still
+    return f"; the archive caught up ({total} segments)"
+
+
+def _archiver(inst: Instance) -> str:
+    """What pg_stat_archiver says of the archiver's last failure."""
+    try:
+        with inst.connect(timeout=5) as conn:
+            row = conn.execute(
+                "SELECT failed_count, last_failed_wal, last_failed_time::text FROM pg_stat_archiver"
+            ).fetchone()
+    except psycopg.Error as exc:
+        return f"pg_stat_archiver unreadable: {str(exc).strip()}"
+    if row is None or not row[0]:
+        return "no archive_command failure reported"
+    return f"archive_command failed {row[0]} times, last on {row[1]} at {row[2]}"
+
+
+def _archive_rest(inst: Instance, job: LongAction) -> int:
+    """Archive what the stop left waiting for the archiver, as archive_command would (wal-push), from
+    the stopped old data directory; mark each done. The number archived."""
+    waiting = sorted(_waiting(inst.pgdata))
+    if not waiting or not inst.options.store:
+        return 0
+    from pgherd_backup.compression import Codec
+    from pgherd_backup.store import S3Settings, Store, StoreLocation
+    from pgherd_backup.wal import push
+
+    job.stage = ARCHIVING
+    store = Store(StoreLocation.parse(inst.options.store, inst.options.cluster), S3Settings.from_env())
+    system_id = read_system_id(inst.pgdata)
+    status = inst.pgdata / "pg_wal" / "archive_status"
+    codec = Codec.get("zstd", threads=0)
+    for done, name in enumerate(waiting):
+        job.bytes_done, job.bytes_total = done, len(waiting)
+        try:
+            push(store, inst.pgdata / "pg_wal" / name, system_id=system_id, codec=codec)
+        except BackupError as exc:
+            raise BackupError(
+                f"the old major's archive could not take {name}, which the stop left unarchived: {exc}"
+            ) from None
+        os.replace(status / f"{name}.ready", status / f"{name}.done")
+    log.warning("archived %d WAL files the stop had left waiting for the archiver", len(waiting))
+    return len(waiting)
 
 
 # -- the upgrade ----------------------------------------------------------------------------------------
@@ -284,6 +377,8 @@ def _upgrade(inst: Instance, job: LongAction, major: int, token: int) -> ActionO
     facts = dict(state.get("upgrade_facts") or {})
     if facts.get("major") != major:
         facts = {}
+    _archive_rest(inst, job)
+    job.stage = UPGRADING
     target = new_pgdata(inst, major)
     if not facts or data_major(target) != major:
         target = _make_new(inst, old, new, major, facts)
