@@ -37,6 +37,7 @@ class ObjectStatus(TypedDict, total=False):
     phase: str | None
     backupId: str | None  # Backups
     verified: bool | None  # Backups: every object of the snapshot read back (None: not checked yet)
+    postgresVersion: str | None  # Backups: the server version the snapshot was taken from (MAJOR.MINOR)
     error: str | None
     keptData: list[str] | None  # Restores: where the survivors' data directories were kept aside
 

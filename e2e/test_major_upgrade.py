@@ -3,7 +3,8 @@
 One cluster: a preflight that pg_upgrade --check refuses (a reg* column): nothing stops, nothing
 changes; then, the column gone and the upgrade retried (pgherd.io/retry-upgrade), the upgrade itself:
 no acknowledged write lost, the write downtime printed, every member on the new major once confirmed,
-and a Backup taken after it restored in place.
+and a Backup taken after it restored in place; then a Backup taken before it restored on the old major
+(the spec, still the new major, then upgrades it again).
 Another: pg_upgrade failing once writes stopped (its new cluster broken while the operator is frozen
 right before the upgrade step): rolled back to the replica kept on the old major, nothing acknowledged
 lost, writes back on the old major; then a retry with the operator killed in the middle of it, which a
@@ -37,6 +38,7 @@ UPGRADE_TIMEOUT = 420  # a Backup, the checks, the upgrade, the rebuilds
 ACKS_TIMEOUT = 90  # writes flowing again once the new primary is ready (kube-proxy applies its endpoint)
 CONFIRM = "pgherd.io/confirm-upgrade"
 RETRY = "pgherd.io/retry-upgrade"
+BEFORE = "before-upgrade"  # a Backup of the old major
 
 
 def _reached(status: ClusterStatus) -> tuple[str | None, str | None]:
@@ -117,6 +119,13 @@ def test_upgrade_under_write_load_then_a_backup_restores(
 ) -> None:
     cluster, _ = upgraded_cluster
     old, new = upgrade_majors
+    # A Backup of the old major first (restored on it by the next test), with a mark in its data.
+    execute(cluster.rw_dsn(), "CREATE TABLE on_the_old_major AS SELECT 1 AS x")
+    cluster.apply(manifests.backup(BEFORE, "e2e-upgrade"))
+    status = cluster.wait_for(
+        lambda s: backup_phase(s, BEFORE) in ("Completed", "Failed"), 300, "the Backup before the upgrade"
+    )
+    assert backup_phase(status, BEFORE) == "Completed", status.get("backups")
     load = WriteLoad(cluster.rw_dsn).start()
     try:
         load.wait_for_acks(50)
@@ -153,6 +162,40 @@ def test_upgrade_under_write_load_then_a_backup_restores(
     assert restore_phase(status, "back-to-it") == "Completed", status.get("restores")
     cluster.wait_for(unless_failed(_on(new)), 300, "the restored cluster healthy on the new major")
     assert scalar(cluster.rw_dsn(), "SELECT count(*) FROM e2e_writes") >= rows + 1
+
+
+def _backup(status: ClusterStatus, name: str) -> dict[str, Any]:
+    return dict(next((b for b in status.get("backups") or [] if b.get("name") == name), {}))
+
+
+def test_a_backup_of_the_old_major_restores_on_it_then_the_spec_upgrades_it_again(
+    upgraded_cluster: tuple[Driver, dict[str, Any]], upgrade_majors: tuple[int, int]
+) -> None:
+    cluster, _ = upgraded_cluster
+    old, new = upgrade_majors
+    status = cluster.status()
+    before, after = _backup(status, BEFORE), _backup(status, "after-upgrade")
+    assert str(before.get("postgresVersion")).startswith(f"{old}."), before  # listed, of the old major
+    assert str(after.get("postgresVersion")).startswith(f"{new}."), after
+    execute(cluster.rw_dsn(), "CREATE TABLE on_the_new_major AS SELECT 1 AS x")
+    cluster.apply(manifests.restore("to-the-old-major", "e2e-upgrade", backup_name=BEFORE))
+    status = cluster.wait_for(
+        lambda s: restore_phase(s, "to-the-old-major") in ("Completed", "Failed"), 420, "the Restore of it"
+    )
+    assert restore_phase(status, "to-the-old-major") == "Completed", status.get("restores")
+    assert status.get("postgresVersion") == old, status  # restored by the old major's programs
+    # The data is the old major's, to the end of its archive: what was written before the upgrade,
+    # nothing written on the new major.
+    dsn = cluster.rw_dsn()
+    assert scalar(dsn, "SELECT count(*) FROM on_the_old_major") == 1
+    assert scalar(dsn, "SELECT to_regclass('on_the_new_major') IS NULL") is True
+    assert scalar(dsn, "SELECT count(*) FROM e2e_writes WHERE id = -1") == 0  # the new major's row
+    assert str(scalar(dsn, "SHOW server_version")).startswith(f"{old}.")
+    # The spec still says the new major: the cluster is upgraded again, as any cluster behind it.
+    status = cluster.wait_for(unless_failed(_upgraded(new)), UPGRADE_TIMEOUT, f"the upgrade to {new} again")
+    cluster.annotate(CONFIRM, f"{new}")
+    cluster.wait_for(unless_failed(_on(new)), UPGRADE_TIMEOUT, f"every member on PostgreSQL {new} again")
+    assert scalar(cluster.rw_dsn(), "SELECT count(*) FROM on_the_old_major") == 1
 
 
 @pytest.fixture(scope="module")

@@ -271,6 +271,7 @@ class KubeDriver(PollingDriver):
             if with_id:
                 entry["backupId"] = status.get("backupId")
                 entry["verified"] = status.get("verified")
+                entry["postgresVersion"] = status.get("postgresVersion")
             else:
                 entry["keptData"] = status.get("keptData")
             found.append(entry)

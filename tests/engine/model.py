@@ -586,8 +586,15 @@ class ModelCluster:
         old = self.backups.get(a.name)
         if old is not None:
             done = self.now if a.phase in ("Completed", "Failed") else None
+            source = self.nodes.get(str(a.source_member or old.source_member))
             self.backups[a.name] = replace(
-                old, phase=a.phase, source_member=a.source_member or old.source_member, completed_at=done
+                old,
+                phase=a.phase,
+                source_member=a.source_member or old.source_member,
+                completed_at=done,
+                # what the snapshot Job reports of its source (Backup status postgresVersion, timeline)
+                major=source.major if source is not None and done else old.major,
+                timeline=source.timeline if source is not None and done else old.timeline,
             )
 
     def _do_UpdateRestore(self, a: A.UpdateRestore) -> None:

@@ -6,9 +6,12 @@ between its status write and its actions at every pass."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pgherd.api.cluster import Phase, PrimaryUpdateMethod
 from pgherd.engine.conditions import ConditionType
 from pgherd.engine.status import OperationKind
+from pgherd.engine.view import BackupView
 
 from .test_properties import ClusterMachine
 
@@ -200,3 +203,41 @@ def test_a_switchover_and_a_failover_while_the_old_major_is_kept_leave_it_alone(
     assert (node.major, node.fenced, node.running) == (OLD, True, False)
     m.model.restart(m.model.nodes[other])
     until(m, lambda: m.last.phase is Phase.RUNNING)
+
+
+def test_a_recent_backup_is_reused_only_when_it_is_of_the_data_being_upgraded() -> None:
+    """upgrade.backupMaxAge: a Completed Backup that young is the way back only if it holds this data (its
+    major and its timeline): not one of the new major (taken after an earlier upgrade, before a restore
+    brought the old major back), nor one of a history a restore or a failover left."""
+    m = machine()
+    upgrade = m.spec.upgrade.model_copy(update={"backup_max_age": "1h"})
+    m.spec = m.spec.model_copy(update={"upgrade": upgrade})
+    timeline = m.status.timeline
+    assert timeline is not None
+    unfit = {
+        "of-the-new-major": BackupView("of-the-new-major", major=NEW, timeline=timeline),
+        "of-another-history": BackupView("of-another-history", major=OLD, timeline=timeline + 1),
+        "of-no-known-major": BackupView("of-no-known-major", timeline=timeline),
+    }
+    for name, view in unfit.items():
+        m.model.backups[name] = replace(
+            view, phase="Completed", created_at=m.model.now, completed_at=m.model.now
+        )
+    raise_major(m)
+    until(m, lambda: m.status.operation is not None and m.status.operation.backup is not None)
+    taken = str(m.status.operation.backup)
+    assert taken not in unfit and "-pre-pg17-" in taken, taken
+    until(m, lambda: upgraded(m))
+    assert m.status.major == NEW
+
+    m = machine()
+    m.spec = m.spec.model_copy(update={"upgrade": upgrade})
+    fit = BackupView(
+        "fit", "Completed", created_at=m.model.now, completed_at=m.model.now, major=OLD, timeline=1
+    )
+    m.model.backups["fit"] = fit
+    raise_major(m)
+    until(m, lambda: m.status.operation is not None and m.status.operation.backup is not None)
+    assert m.status.operation.backup == "fit"
+    until(m, lambda: upgraded(m))
+    assert set(m.model.backups) == {"fit"}  # no other Backup taken

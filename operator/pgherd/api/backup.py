@@ -50,6 +50,11 @@ class BackupStatus(StatusModel):
     start_lsn: str | None = Field(default=None, alias="startLSN")
     end_lsn: str | None = Field(default=None, alias="endLSN")
     timeline: int | None = None
+    postgres_version: str | None = Field(
+        default=None,
+        description="The server version the snapshot was taken from (MAJOR.MINOR): its data restores on"
+        " that major, also after the cluster was upgraded to a later one.",
+    )
     size: str | None = Field(default=None, description="Size of the data, human readable (e.g. 1.4Gi).")
     stored_size: str | None = Field(default=None, description="Size in the store after compression.")
     size_bytes: int | None = None
@@ -101,6 +106,7 @@ def status_from_summary(summary: Mapping[str, Any], store_url: str | None = None
         "startLSN": summary.get("start_lsn"),
         "endLSN": summary.get("stop_lsn"),
         "timeline": summary.get("timeline"),
+        "postgresVersion": summary.get("pg_version"),
         "sizeBytes": summary.get("size"),
         "storedSizeBytes": summary.get("stored_size"),
         "size": human_size(summary.get("size")),

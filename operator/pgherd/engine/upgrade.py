@@ -4,8 +4,9 @@ Started with a healthy, settled cluster on the spec's revision (a new image that
 is rolled out first, as any revision), and at least two members: one replica stays on the old major as
 the way back. Steps of the MajorUpgrade operation (phase Upgrading):
 
-``backup``    A Completed Backup younger than ``upgrade.backupMaxAge``, else a new one taken now (its
-              snapshot Job streams a verified copy to the store). Writes go on.
+``backup``    A Completed Backup younger than ``upgrade.backupMaxAge`` and of the data being upgraded
+              (its major, its timeline), else a new one taken now (its snapshot Job streams a
+              verified copy to the store). Writes go on.
 ``check``     The new major's ``pg_upgrade --check`` against the running primary and the room on its
               volume (CheckUpgrade). Writes go on. A failure here, or in ``backup``, refuses the
               upgrade: the cluster was never touched, the reason is in PostgresVersionReached and an
@@ -220,10 +221,18 @@ def _recent_backup(ctx: Context) -> str | None:
     if limit is None:
         return None
     since = ctx.now - parse_duration(limit)
+    # Of the data being upgraded: its major and its timeline (a Backup of the new major after an
+    # earlier upgrade, or of a history a restore or a failover left behind, is no way back to it).
     done = [
         b
         for b in ctx.view.backups
-        if b.phase == BackupPhase.COMPLETED and b.completed_at is not None and b.completed_at >= since
+        if b.phase == BackupPhase.COMPLETED
+        and b.completed_at is not None
+        and b.completed_at >= since
+        and b.major is not None
+        and b.major == ctx.status.major
+        and b.timeline is not None
+        and b.timeline == ctx.status.timeline
     ]
     return max(done, key=lambda b: (b.completed_at or ctx.now, b.name)).name if done else None
 

@@ -7,9 +7,11 @@ clock. A field the adapter could not observe is None (unknown), never a guess.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
+from typing import Any
 
 from pgherd.engine.quorum import SyncConfig
 
@@ -166,6 +168,37 @@ class BackupView:
     backup_id: str | None = None
     source_member: str | None = None
     expired_at: datetime | None = None
+    major: int | None = None  # the major the snapshot was taken from (status.postgresVersion)
+    timeline: int | None = None  # the timeline it was taken on
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any]) -> BackupView:
+        """The view of a Backup object (metadata, spec, status as the API server holds them)."""
+        meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+        major = str(status.get("postgresVersion") or "").split(".", 1)[0]
+        timeline = status.get("timeline")
+        return cls(
+            name=str(meta.get("name")),
+            phase=status.get("phase") or "Pending",
+            target=(obj.get("spec") or {}).get("target") or "preferStandby",
+            created_at=parse_time(meta.get("creationTimestamp")),
+            completed_at=parse_time(status.get("completedAt")),
+            backup_id=status.get("backupId"),
+            source_member=status.get("sourceMember"),
+            expired_at=parse_time(status.get("expiredAt")),
+            major=int(major) if major.isdigit() else None,
+            timeline=timeline if isinstance(timeline, int) else None,
+        )
+
+
+def parse_time(value: Any) -> datetime | None:
+    """A time as the API server writes it (RFC 3339, `Z`); None when absent or unreadable."""
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)

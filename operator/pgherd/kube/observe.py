@@ -34,6 +34,7 @@ from pgherd.engine.view import (
     RestoreView,
     member_name,
     ordinal_of,
+    parse_time,
 )
 from pgherd.kube import names
 from pgherd_backup.agent.wire import Status
@@ -207,15 +208,6 @@ def rw_member(objects: ClusterObjects) -> str | None:
     return labelled[0] if len(labelled) == 1 else None
 
 
-def _time(value: Any) -> datetime | None:
-    if not value:
-        return None
-    try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def _cluster_of(obj: JSON) -> str | None:
     return ((obj.get("spec") or {}).get("cluster") or {}).get("name")
 
@@ -225,20 +217,7 @@ def backups(objects: ClusterObjects) -> tuple[BackupView, ...]:
     for backup in objects.backups:
         if _cluster_of(backup) != objects.name:
             continue
-        status = backup.get("status") or {}
-        meta = backup["metadata"]
-        views.append(
-            BackupView(
-                name=meta["name"],
-                phase=status.get("phase") or "Pending",
-                target=(backup.get("spec") or {}).get("target") or "preferStandby",
-                created_at=_time(meta.get("creationTimestamp")),
-                completed_at=_time(status.get("completedAt")),
-                backup_id=status.get("backupId"),
-                source_member=status.get("sourceMember"),
-                expired_at=_time(status.get("expiredAt")),
-            )
-        )
+        views.append(BackupView.of(backup))
     return tuple(sorted(views, key=lambda b: b.name))
 
 
@@ -259,7 +238,7 @@ def restores(objects: ClusterObjects) -> tuple[RestoreView, ...]:
                 target_lsn=target.get("lsn"),
                 target_immediate=bool(target.get("immediate")),
                 phase=(restore.get("status") or {}).get("phase") or "Pending",
-                created_at=_time(meta.get("creationTimestamp")),
+                created_at=parse_time(meta.get("creationTimestamp")),
             )
         )
     return tuple(sorted(views, key=lambda r: r.name))
@@ -345,13 +324,13 @@ def job_waiting(objects: ClusterObjects, job: JSON) -> tuple[datetime | None, st
         return None, ""
     if active:  # one at a time (parallelism 1); the newest while one is replaced
         pod = max(active, key=lambda p: str(p["metadata"].get("creationTimestamp") or ""))
-        since = _time(pod["metadata"].get("creationTimestamp"))
+        since = parse_time(pod["metadata"].get("creationTimestamp"))
         return (since, _waiting_reason(pod)) if since is not None else (None, "")
     counted = job.get("status") or {}
     if pods or any(int(counted.get(key) or 0) for key in ("active", "succeeded", "failed")):
         return None, ""
     name = job["metadata"]["name"]
-    since = _time(job["metadata"].get("creationTimestamp"))
+    since = parse_time(job["metadata"].get("creationTimestamp"))
     why = f"no pod of Job {name}: the Job controller could not create one (kubectl describe job {name})"
     return (since, why) if since is not None else (None, "")
 

@@ -21,7 +21,7 @@ from pgherd.agentview import kept_aside_since, restore_job_view, restore_snapsho
 from pgherd.api.backup import expired_status, retention_text, status_from_summary
 from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.engine import actions as act
-from pgherd.engine.view import BackupView, JobKind, JobState, JobView, RestoreView
+from pgherd.engine.view import BackupView, JobKind, JobState, JobView, RestoreView, parse_time
 from pgherd.local.jobs import Job, LocalJobs, agent_executable
 from pgherd.local.layout import SandboxPaths
 from pgherd.local.objects import ObjectStore, now_iso
@@ -79,19 +79,7 @@ class Backups:
     def backup_views(self) -> list[BackupView]:
         views = []
         for item in self.objects.backups():
-            status = item.get("status") or {}
-            views.append(
-                BackupView(
-                    name=item["metadata"]["name"],
-                    phase=status.get("phase", "Pending"),
-                    target=item["spec"].get("target", "preferStandby"),
-                    created_at=_parse_time(item["metadata"].get("creationTimestamp")),
-                    completed_at=_parse_time(status.get("completedAt")),
-                    backup_id=status.get("backupId"),
-                    source_member=status.get("sourceMember"),
-                    expired_at=_parse_time(status.get("expiredAt")),
-                )
-            )
+            views.append(BackupView.of(item))
         return views
 
     def restore_views(self) -> list[RestoreView]:
@@ -108,7 +96,7 @@ class Backups:
                     target_lsn=target.get("lsn"),
                     target_immediate=bool(target.get("immediate", False)),
                     phase=(item.get("status") or {}).get("phase", "Pending"),
-                    created_at=_parse_time(item["metadata"].get("creationTimestamp")),
+                    created_at=parse_time(item["metadata"].get("creationTimestamp")),
                 )
             )
         return views
@@ -317,9 +305,3 @@ class Backups:
 
 def _iso(at: datetime) -> str:
     return at.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-
-
-def _parse_time(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))

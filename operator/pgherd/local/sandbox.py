@@ -233,6 +233,7 @@ class Sandbox:
                     "backupId": (b.get("status") or {}).get("backupId"),
                     "size": (b.get("status") or {}).get("size"),
                     "verified": (b.get("status") or {}).get("verified"),
+                    "postgresVersion": (b.get("status") or {}).get("postgresVersion"),
                     "error": (b.get("status") or {}).get("error"),
                 }
                 for b in objects.backups()
