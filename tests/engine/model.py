@@ -107,6 +107,7 @@ class ModelCluster:
         self.rw: str | None = None
         self.backups: dict[str, BackupView] = {}
         self.backup_wal: dict[str, list[int]] = {}
+        self.backup_major: dict[str, int] = {}  # the major each snapshot's data is on
         self.restores: dict[str, RestoreView] = {}
         self.jobs: dict[tuple[JobKind, str], JobView] = {}
         self.deleted: list[str] = []
@@ -530,6 +531,7 @@ class ModelCluster:
             return
         self.jobs[key] = JobView(JobKind.SNAPSHOT, a.backup, JobState.RUNNING, member=a.member)
         self.backup_wal[a.backup] = list(node.wal)
+        self.backup_major[a.backup] = node.major
 
     def _do_StartRestore(self, a: A.StartRestore) -> None:
         key = (JobKind.RESTORE, a.restore)
@@ -554,7 +556,8 @@ class ModelCluster:
 
     def _restored(self, job: JobView) -> None:
         name = str(job.member)
-        wal = list(self.backup_wal.get(getattr(self, "_restore_source", None) or "", []))
+        source = getattr(self, "_restore_source", None) or ""
+        wal = list(self.backup_wal.get(source, []))
         node = self.nodes.get(name)
         if node is None:
             node = Node(name, int(name.rsplit("-", 1)[1]), "restored")
@@ -569,6 +572,7 @@ class ModelCluster:
         # its agent resumed the replay, as agent/restoring.py does).
         node.pod_up = True
         node.role = Role.PRIMARY
+        node.major = self.backup_major.get(source, node.major)  # restored by its own major's programs
         node.timeline = self.next_timeline
         self.next_timeline += 1
         node.wal = [*wal, -node.timeline]

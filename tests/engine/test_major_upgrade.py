@@ -11,7 +11,7 @@ from dataclasses import replace
 from pgherd.api.cluster import Phase, PrimaryUpdateMethod
 from pgherd.engine.conditions import ConditionType
 from pgherd.engine.status import OperationKind
-from pgherd.engine.view import BackupView
+from pgherd.engine.view import BackupView, RestoreView
 
 from .test_properties import ClusterMachine
 
@@ -241,3 +241,39 @@ def test_a_recent_backup_is_reused_only_when_it_is_of_the_data_being_upgraded() 
     assert m.status.operation.backup == "fit"
     until(m, lambda: upgraded(m))
     assert set(m.model.backups) == {"fit"}  # no other Backup taken
+
+
+def test_a_restore_of_the_old_major_stays_on_it_and_an_old_confirmation_confirms_nothing() -> None:
+    """A Backup of the old major restored after the upgrade: the cluster runs the old major again and
+    stays on it (recorded like a rollback, PostgresVersionReached False, reason Restored) until
+    pgherd.io/retry-upgrade gets a new value; the upgrade then asked for keeps its way back although
+    pgherd.io/confirm-upgrade still holds the value that confirmed the first one."""
+    m = machine()
+    primary = m.status.current_primary
+    m.model.request_backup()
+    until(m, lambda: m.model.backups["b0"].phase == "Completed")
+    assert m.model.backups["b0"].major == OLD
+    raise_major(m)
+    until(m, lambda: upgraded(m))
+    m.model.confirm_upgrade = str(NEW)
+    until(m, lambda: m.status.kept is None and {n.major for n in m.model.nodes.values()} == {NEW})
+
+    m.model.restores["r0"] = RestoreView("r0", backup="b0", created_at=m.model.now)
+    until(m, lambda: m.model.restores["r0"].phase in ("Completed", "Failed") and m.status.operation is None)
+    assert m.model.restores["r0"].phase == "Completed"
+    until(m, lambda: {n.major for n in m.model.nodes.values()} == {OLD} and m.last.phase is Phase.RUNNING)
+    assert m.status.major == OLD and reached(m) == (False, "Restored")
+    passes(m, 15)
+    assert m.status.major == OLD and m.status.operation is None  # never upgraded again on its own
+    assert m.model.upgrades == [(primary, NEW)]
+
+    m.model.retry_upgrade = "after-the-restore"
+    until(m, lambda: upgraded(m))
+    passes(m, 10)
+    assert m.status.kept is not None, "an old confirmation released the way back of a new upgrade"
+    assert reached(m) == (True, "OldMajorKept")
+    m.model.confirm_upgrade = None  # removed, then set again: a confirmation of this upgrade
+    passes(m, 1)
+    m.model.confirm_upgrade = str(NEW)
+    until(m, lambda: m.status.kept is None)
+    assert reached(m)[0] is True

@@ -31,6 +31,7 @@ from datetime import timedelta
 from pgherd.api.backup import BackupPhase
 from pgherd.api.cluster import OnQuorumLoss, Phase
 from pgherd.api.restore import RestorePhase
+from pgherd.engine import upgrade
 from pgherd.engine.actions import (
     Action,
     Fence,
@@ -249,6 +250,8 @@ def advance(ctx: Context, operation: Operation) -> Outcome:
             votes_since={},
             quorum_lost_since=None,
         )
+        if status.major is not None:
+            status = upgrade.restored(ctx, status, operation.reason, status.major)
         actions.clear()
         report(RestorePhase.REBUILDING, restored_timeline=target.timeline)
         actions += [

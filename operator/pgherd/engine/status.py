@@ -160,6 +160,9 @@ class EngineStatus:
     # The PostgreSQL major the cluster's data is on (the primary's data directory), once observed.
     major: int | None = None
     kept: OldMajorKept | None = None  # a replica kept on the old major after an upgrade
+    # The pgherd.io/confirm-upgrade value that confirmed the last upgrade: it confirms no later one (a
+    # new upgrade to the same major, after a restore brought the old one back) until it changes.
+    confirmed: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -191,6 +194,8 @@ class EngineStatus:
             out["rebuildPending"] = sorted(self.rebuild_pending)
         if self.kept is not None:
             out["kept"] = self.kept.to_dict()
+        if self.confirmed is not None:
+            out["confirmed"] = self.confirmed
         return out
 
     @classmethod
@@ -226,6 +231,7 @@ class EngineStatus:
             rebuild_pending=frozenset(data.get("rebuildPending", ())),
             major=data.get("major"),
             kept=None if data.get("kept") is None else OldMajorKept.from_dict(data["kept"]),
+            confirmed=data.get("confirmed"),
         )
 
     def possible_sync_configs(self) -> list[SyncConfig]:

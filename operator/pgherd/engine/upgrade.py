@@ -64,6 +64,7 @@ from pgherd.engine.status import EngineStatus, OldMajorKept, Operation, Operatio
 from pgherd.engine.view import MemberView, Role
 from pgherd_backup.retention import parse_duration
 
+RESTORED = "restored"  # the step of the record a restore of an older major leaves (status.aborted)
 STOP_TIMEOUT = timedelta(seconds=60)  # for the primary's clean stop and the kept replica's catch-up
 PHASE = Phase.UPGRADING
 
@@ -519,14 +520,37 @@ def rollback_kept(ctx: Context) -> Outcome | None:
 def confirm(ctx: Context) -> Context:
     """The kept replica is released once the upgrade is confirmed (annotation, or keepOldMajorFor), or
     once the spec no longer wants its member (a scale-down)."""
-    kept = ctx.status.kept
-    if kept is None:
-        return ctx
-    asked = ctx.view.confirm_upgrade is not None and ctx.view.confirm_upgrade.strip() == str(kept.to_major)
-    expired = ctx.now - kept.since >= parse_duration(ctx.spec.upgrade.keep_old_major_for)
-    if asked or expired or not ctx.wanted(kept.member):
-        return replace(ctx, status=replace(ctx.status, kept=None))
-    return ctx
+    value = (ctx.view.confirm_upgrade or "").strip() or None
+    status = ctx.status
+    if status.confirmed is not None and value != status.confirmed:
+        status = replace(status, confirmed=None)  # changed or removed: it may confirm again
+    kept = status.kept
+    if kept is not None:
+        asked = value == str(kept.to_major) and value != status.confirmed
+        expired = ctx.now - kept.since >= parse_duration(ctx.spec.upgrade.keep_old_major_for)
+        if asked or expired or not ctx.wanted(kept.member):
+            used = value if value == str(kept.to_major) else status.confirmed
+            status = replace(status, kept=None, confirmed=used)
+    return ctx if status is ctx.status else replace(ctx, status=status)
+
+
+def restored(ctx: Context, status: EngineStatus, what: str, major: int) -> EngineStatus:
+    """A restore brought back a snapshot of ``major``, older than the spec's: recorded like a rolled
+    back upgrade (the cluster stays on ``major`` until pgherd.io/retry-upgrade gets a new value), never
+    upgraded again on its own: whoever restored data of the old major may want to stay on it."""
+    if major >= ctx.spec.postgres_version:
+        return status
+    record = Operation(
+        OperationKind.MAJOR_UPGRADE,
+        started_at=ctx.now,
+        step=RESTORED,
+        from_major=major,
+        to_major=ctx.spec.postgres_version,
+        retry=ctx.view.retry_upgrade,
+        reason=what,
+        failed=f"{what} brought back a snapshot of PostgreSQL {major}",
+    )
+    return replace(status, aborted=record)
 
 
 def _refuse(ctx: Context, operation: Operation, why: str) -> Outcome:
@@ -553,7 +577,7 @@ def condition(ctx: Context) -> Condition | None:
             and aborted.kind is OperationKind.MAJOR_UPGRADE
             and aborted.to_major == wanted_major
         ):
-            reason = "RolledBack" if aborted.step == "rollback" else "UpgradeRefused"
+            reason = {"rollback": "RolledBack", RESTORED: "Restored"}.get(aborted.step, "UpgradeRefused")
             return false(
                 kind,
                 reason,
