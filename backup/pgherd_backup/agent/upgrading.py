@@ -303,7 +303,6 @@ def _archive_caught_up(inst: Instance, job: LongAction) -> str:
     total, remaining = len(backlog), backlog
     progressed = time.monotonic()
     while remaining:
-        job.bytes_done, job.bytes_total = total - len(remaining), total
         time.sleep(0.5)
         still = remaining & _waiting(inst.pgdata)
         if len(still) < len(remaining):
@@ -347,8 +346,7 @@ def _archive_rest(inst: Instance, job: LongAction) -> int:
     system_id = read_system_id(inst.pgdata)
     status = inst.pgdata / "pg_wal" / "archive_status"
     codec = Codec.get("zstd", threads=0)
-    for done, name in enumerate(waiting):
-        job.bytes_done, job.bytes_total = done, len(waiting)
+    for name in waiting:
         try:
             push(store, inst.pgdata / "pg_wal" / name, system_id=system_id, codec=codec)
         except BackupError as exc:
