@@ -718,9 +718,12 @@ def test_every_request_of_the_operator_is_granted_by_the_chart(bed: Bed) -> None
         ("leases", "update"),
     }
     assert wanted <= kinds, sorted(k for k in kinds if k[0])
+    # Denied by authorization (RBAC), not a 403 of admission: a Backup the schedule creates while a
+    # finished scenario's namespace is being deleted is refused by NamespaceLifecycle, allowed by RBAC.
     forbidden = [
         (e["verb"], e.get("requestURI"), e["responseStatus"].get("message"))
         for e in mine
         if e["responseStatus"]["code"] == 403
+        and (e.get("annotations") or {}).get("authorization.k8s.io/decision") != "allow"
     ]
     assert forbidden == [], "requests the chart does not grant:\n" + "\n".join(map(str, forbidden))
