@@ -17,9 +17,13 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pgherd_backup.errors import UsageError
 from pgherd_backup.postgres.config import OWNED_SETTINGS, Setting
+
+if TYPE_CHECKING:
+    from pgherd_backup.store import Store
 
 SEED_METHODS = ("none", "initdb", "basebackup", "snapshot")
 _PARAMETER = re.compile(
@@ -121,6 +125,14 @@ class AgentOptions:
     @property
     def replication_role(self) -> str:
         return self.replication_user or self.superuser
+
+    def open_store(self) -> Store:
+        """The member's backup store (--store, --cluster), with the S3 settings of the environment."""
+        from pgherd_backup.store import S3Settings, Store, StoreLocation
+
+        if not self.store:
+            raise UsageError("no backup store: the agent runs without --store")
+        return Store(StoreLocation.parse(self.store, self.cluster), S3Settings.from_env())
 
     @property
     def wait_for_switchover(self) -> float:

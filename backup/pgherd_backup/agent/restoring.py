@@ -196,11 +196,8 @@ def _restore(
 ) -> ActionOutcome:
     from pgherd_backup.catalog import find_snapshot
     from pgherd_backup.restore import check_target, check_wal_coverage, restore_files
-    from pgherd_backup.store import S3Settings, Store, StoreLocation
 
-    options = inst.options
-    assert options.store is not None
-    store = Store(StoreLocation.parse(options.store, options.cluster), S3Settings.from_env())
+    store = inst.options.open_store()
     store.check()
     manifest = find_snapshot(store, snapshot, not_after=target.time)
     check_target(manifest, target)

@@ -115,8 +115,6 @@ def _wal_service(options: AgentOptions) -> WalService | None:
     """The WAL service restore_command asks first (see walservice.py); only with a store."""
     if not options.store:
         return None
-    from pgherd_backup.store import S3Settings, Store, StoreLocation
     from pgherd_backup.walservice import WalService
 
-    store = Store(StoreLocation.parse(options.store, options.cluster), S3Settings.from_env())
-    return WalService(store, options.wal_socket, options.volume).start()
+    return WalService(options.open_store(), options.wal_socket, options.volume).start()

@@ -145,15 +145,13 @@ def _ensure_role(conn: psycopg.Connection[object], name: str, secret: object, at
 def _snapshot(
     inst: Instance, upstream: str | None, snapshot: str | None, target: str | None, token: int
 ) -> Seeded:
-    from pgherd_backup.store import S3Settings, Store, StoreLocation
-
     options = inst.options
     if not options.store:
         raise Refused(
             "seed from a snapshot needs the agent's --store (and S3 credentials in its environment)"
         )
     targeted = recovery_target(target) if not upstream else {}
-    store = Store(StoreLocation.parse(options.store, options.cluster), S3Settings.from_env())
+    store = options.open_store()
     manifest = snapshot_seed(
         inst.pgdata,
         store,

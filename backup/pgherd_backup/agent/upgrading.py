@@ -338,11 +338,10 @@ def _archive_rest(inst: Instance, job: LongAction) -> int:
     if not waiting or not inst.options.store:
         return 0
     from pgherd_backup.compression import Codec
-    from pgherd_backup.store import S3Settings, Store, StoreLocation
     from pgherd_backup.wal import push
 
     job.stage = ARCHIVING
-    store = Store(StoreLocation.parse(inst.options.store, inst.options.cluster), S3Settings.from_env())
+    store = inst.options.open_store()
     system_id = read_system_id(inst.pgdata)
     status = inst.pgdata / "pg_wal" / "archive_status"
     codec = Codec.get("zstd", threads=0)

@@ -250,8 +250,7 @@ def advance(ctx: Context, operation: Operation) -> Outcome:
             votes_since={},
             quorum_lost_since=None,
         )
-        if status.major is not None:
-            status = upgrade.restored(ctx, status, operation.reason, status.major)
+        status = upgrade.restored(ctx, status, operation.reason)
         actions.clear()
         report(RestorePhase.REBUILDING, restored_timeline=target.timeline)
         actions += [

@@ -224,16 +224,16 @@ def _recent_backup(ctx: Context) -> str | None:
     since = ctx.now - parse_duration(limit)
     # Of the data being upgraded: its major and its timeline (a Backup of the new major after an
     # earlier upgrade, or of a history a restore or a failover left behind, is no way back to it).
+    data = (ctx.status.major, ctx.status.timeline)
+    if None in data:
+        return None
     done = [
         b
         for b in ctx.view.backups
         if b.phase == BackupPhase.COMPLETED
         and b.completed_at is not None
         and b.completed_at >= since
-        and b.major is not None
-        and b.major == ctx.status.major
-        and b.timeline is not None
-        and b.timeline == ctx.status.timeline
+        and (b.major, b.timeline) == data
     ]
     return max(done, key=lambda b: (b.completed_at or ctx.now, b.name)).name if done else None
 
@@ -534,11 +534,13 @@ def confirm(ctx: Context) -> Context:
     return ctx if status is ctx.status else replace(ctx, status=status)
 
 
-def restored(ctx: Context, status: EngineStatus, what: str, major: int) -> EngineStatus:
-    """A restore brought back a snapshot of ``major``, older than the spec's: recorded like a rolled
-    back upgrade (the cluster stays on ``major`` until pgherd.io/retry-upgrade gets a new value), never
-    upgraded again on its own: whoever restored data of the old major may want to stay on it."""
-    if major >= ctx.spec.postgres_version:
+def restored(ctx: Context, status: EngineStatus, what: str) -> EngineStatus:
+    """``what`` (a restore) brought back a snapshot of ``status.major``: when older than the spec's, it is
+    recorded like a rolled back upgrade (the cluster stays on it until pgherd.io/retry-upgrade gets a
+    new value), never upgraded again on its own: whoever restored data of the old major may want to
+    stay on it."""
+    major = status.major
+    if major is None or major >= ctx.spec.postgres_version:
         return status
     record = Operation(
         OperationKind.MAJOR_UPGRADE,
