@@ -685,10 +685,13 @@ def test_parameters_read_back_as_written(full: ClusterRef, tmp_path: Path):
     assert read_parameters(path) == full.spec.parameters
     path.write_text(cm.configmap(make_ref(MINIMAL_SPEC))["data"][names.PARAMETERS_FILE])
     assert read_parameters(path) == {}
-    with pytest.raises(ValueError, match="line break"):
-        cm.render_parameters({"application_name": "a\nport = 1"})
+    for cut in ("\n", "\v", "\x85", "\u2028", "\r"):
+        with pytest.raises(ValueError, match="line separator"):
+            cm.render_parameters({"application_name": f"a{cut}port = 1"})
     with pytest.raises(ValueError, match="not a PostgreSQL setting name"):
         cm.render_parameters({"bad name": "1"})
+    with pytest.raises(ValueError, match="owned by the operator"):
+        cm.render_parameters({"Archive_Cleanup_Command": "id"})
 
 
 # --- PodDisruptionBudget -----------------------------------------------------------------------------

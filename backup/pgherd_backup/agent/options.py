@@ -13,22 +13,19 @@ Volume layout (the volume is the directory holding the data directory):
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pgherd_backup.errors import UsageError
-from pgherd_backup.postgres.config import OWNED_SETTINGS, Setting
+from pgherd_backup.postgres import parameters as user_parameters
+from pgherd_backup.postgres.config import Setting
 
 if TYPE_CHECKING:
     from pgherd_backup.store import Store
 
 SEED_METHODS = ("none", "initdb", "basebackup", "snapshot")
-_PARAMETER = re.compile(
-    r"^\s*(?:(?P<name>[A-Za-z_][A-Za-z0-9_.]*)\s*=?\s*(?:'(?P<quoted>(?:[^']|'')*)'|(?P<bare>[^#\s]*))\s*)?(?:#.*)?$"
-)
 _MAX_SOCKET_DIR = 90  # AF_UNIX paths are limited to 108 bytes; PostgreSQL adds "/.s.PGSQL.<port>"
 
 
@@ -145,20 +142,13 @@ class AgentOptions:
 
 def read_parameters(path: Path) -> dict[str, Setting]:
     """PostgreSQL parameters from a file: `name = value` lines ('#' comments), as postgresql.conf.
-    Settings pgherd owns (port, primary_conninfo, ...) are refused: the agent sets them."""
+    What no user may set (pgherd's own settings, commands, paths: pgherd_backup.postgres.parameters)
+    is refused, whoever wrote the file."""
     try:
         text = path.read_text()
     except OSError as exc:
         raise UsageError(f"cannot read the parameters file {path} ({exc.strerror})") from None
-    parameters: dict[str, Setting] = {}
-    for number, raw in enumerate(text.splitlines(), 1):
-        match = _PARAMETER.match(raw)
-        if match is None:
-            raise UsageError(f"{path}:{number}: expected `name = value`, got {raw.strip()!r}")
-        name, quoted, bare = match.group("name", "quoted", "bare")
-        if name is None:
-            continue  # blank or comment
-        if name in OWNED_SETTINGS:
-            raise UsageError(f"{path}:{number}: {name} is set by pgherd and cannot be a parameter")
-        parameters[name] = quoted.replace("''", "'") if quoted is not None else bare.strip()
-    return parameters
+    try:
+        return dict(user_parameters.parse(text, str(path)))
+    except user_parameters.ParameterError as exc:
+        raise UsageError(str(exc)) from None

@@ -23,35 +23,6 @@ _HEADER = (
 
 Setting = str | int | float | bool
 
-# Settings pgherd owns: the operator refuses them in spec.parameters.
-OWNED_SETTINGS = frozenset(
-    {
-        "port",
-        "listen_addresses",
-        "unix_socket_directories",
-        "archive_mode",
-        "archive_command",
-        "archive_library",
-        "restore_command",
-        "recovery_target",
-        "recovery_target_time",
-        "recovery_target_lsn",
-        "recovery_target_xid",
-        "recovery_target_name",
-        "recovery_target_action",
-        "recovery_target_timeline",
-        "recovery_target_inclusive",
-        "primary_conninfo",
-        "primary_slot_name",
-        "synchronous_standby_names",
-        "hot_standby",
-        "wal_level",
-        "wal_log_hints",
-        "max_wal_senders",
-        "max_replication_slots",
-        "wal_keep_size",
-    }
-)
 _RECOVERY_TARGETS = (
     "recovery_target",
     "recovery_target_time",
@@ -64,17 +35,18 @@ _RECOVERY_TARGETS = (
 
 
 def quote(value: Setting) -> str:
+    """A value in postgresql.conf's syntax, where a backslash inside quotes starts an escape."""
     if isinstance(value, bool):
         return "on" if value else "off"
     if isinstance(value, int | float):
         return str(value)
-    return "'" + value.replace("'", "''") + "'"
+    return "'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
 def _unquote(text: str) -> str:
     text = text.strip()
     if len(text) >= 2 and text[0] == "'" and text[-1] == "'":
-        return text[1:-1].replace("''", "'")
+        return re.sub(r"''|\\(.)", lambda m: "'" if m.group(0) == "''" else m.group(1), text[1:-1])
     return text
 
 
@@ -83,7 +55,7 @@ def read_pgherd_conf(pgdata: Path | str) -> dict[str, str]:
     settings: dict[str, str] = {}
     if not path.exists():
         return settings
-    for line in path.read_text().splitlines():
+    for line in path.read_text().split("\n"):
         match = re.match(r"\s*([A-Za-z_.]+)\s*=\s*(.*?)\s*$", line)
         if match and not line.lstrip().startswith("#"):
             settings[match.group(1)] = _unquote(match.group(2))
@@ -133,7 +105,8 @@ def member_settings(
     extra: Mapping[str, Setting] | None = None,
 ) -> dict[str, Setting]:
     """The settings every pgherd member carries (replication-ready, rewind-ready)."""
-    settings: dict[str, Setting] = {
+    settings: dict[str, Setting] = dict(extra or {})  # what pgherd owns below wins
+    settings |= {
         "port": port,
         "listen_addresses": listen_addresses,
         "unix_socket_directories": socket_dir,
@@ -147,14 +120,22 @@ def member_settings(
     }
     if archive_command is not None:
         settings["archive_command"] = archive_command
-    if extra:
-        settings.update(extra)
     return settings
+
+
+# PostgreSQL's placeholders in archive_command / restore_command: left bare, as whole arguments.
+PLACEHOLDERS = frozenset({"%p", "%f", "%r"})
+
+
+def shell_argument(value: str) -> str:
+    """`value` as one argument of a command PostgreSQL runs: quoted for the shell, and every `%` doubled
+    so that PostgreSQL's substitution gives back `value` exactly (a store path is a cluster editor's)."""
+    return shlex.quote(value).replace("%", "%%")
 
 
 def agent_command(executable: str, *args: str) -> str:
     """A shell command line invoking pgherd-backup, for archive_command / restore_command."""
-    return " ".join([shlex.quote(executable), *(shlex.quote(a) if "%" not in a else a for a in args)])
+    return " ".join(shell_argument(a) if a not in PLACEHOLDERS else a for a in (executable, *args))
 
 
 def archive_command(executable: str, store: str | None = None, cluster: str | None = None) -> str:
@@ -188,7 +169,7 @@ def restore_command(
     if wal_service:
         steps.append(
             "test \"$(curl -s -o /dev/null -w '%%{http_code}' --max-time 2 --unix-socket "
-            f'{shlex.quote(wal_service)} "http://pgherd/wal/%f?pgdata=$PWD" 2>/dev/null)" = 404 && exit 1'
+            f'{shell_argument(wal_service)} "http://pgherd/wal/%f?pgdata=$PWD" 2>/dev/null)" = 404 && exit 1'
         )
     steps.append(fetch)
     return "; ".join(steps)

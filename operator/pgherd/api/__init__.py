@@ -2,7 +2,6 @@
 
 from pgherd.api.backup import Backup, BackupPhase, BackupStatus, BackupTarget
 from pgherd.api.cluster import (
-    OPERATOR_OWNED_PARAMETERS,
     Compression,
     OnQuorumLoss,
     Phase,
@@ -18,7 +17,6 @@ from pgherd.api.restore import Restore, RestorePhase, RestoreStatus
 __all__ = [
     "API_VERSION",
     "GROUP",
-    "OPERATOR_OWNED_PARAMETERS",
     "VERSION",
     "Backup",
     "BackupPhase",

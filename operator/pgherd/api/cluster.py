@@ -17,51 +17,28 @@ from pgherd.api.common import (
     cel,
     rule,
 )
+from pgherd_backup.postgres import parameters as user_parameters
 
 KIND = "PostgresCluster"
 PLURAL = "postgresclusters"
 SINGULAR = "postgrescluster"
 SHORT_NAMES = ["pgc"]
 
-# postgresql.conf settings that the operator owns: a user setting one of them would break replication,
-# archiving, failover or the pod's layout. Refused at admission by a CEL rule (case-insensitive, as
-# PostgreSQL treats setting names).
-OPERATOR_OWNED_PARAMETERS: tuple[str, ...] = (
-    "port",
-    "listen_addresses",
-    "unix_socket_directories",
-    "archive_mode",
-    "archive_command",
-    "archive_library",
-    "restore_command",
-    "recovery_target",
-    "recovery_target_name",
-    "recovery_target_time",
-    "recovery_target_lsn",
-    "recovery_target_xid",
-    "recovery_target_inclusive",
-    "recovery_target_action",
-    "recovery_target_timeline",
-    "primary_conninfo",
-    "primary_slot_name",
-    "promote_trigger_file",
-    "synchronous_standby_names",
-    "synchronous_commit",
-    "hot_standby",
-    "wal_level",
-    "wal_log_hints",
-    "data_directory",
-    "config_file",
-    "hba_file",
-    "ident_file",
-    "external_pid_file",
-    "cluster_name",
-    "ssl_cert_file",
-    "ssl_key_file",
-    "ssl_ca_file",
-)
 
-_OWNED_REGEX = "(?i)^(" + "|".join(OPERATOR_OWNED_PARAMETERS) + ")$"
+# spec.parameters: one set of refused settings and one value check, shared with the agent (which
+# refuses the same when it reads the parameters file) and the offline check.
+def _cel_literal(regex: str) -> str:
+    """A regex inside a single-quoted CEL string: its backslashes doubled."""
+    return "'" + regex.replace("\\", "\\\\") + "'"
+
+
+_REFUSED = _cel_literal(user_parameters.REFUSED_REGEX)
+_LIBRARIES = _cel_literal(user_parameters.LIBRARIES_REGEX)
+_LIBRARY_LIST = _cel_literal(user_parameters.LIBRARY_LIST_REGEX)
+_FORBIDDEN = _cel_literal(user_parameters.FORBIDDEN_CHARACTERS_REGEX)
+_SETTING_NAME = _cel_literal(user_parameters.NAME_REGEX)
+# An S3 key prefix: segments of letters, digits, '.', '_' and '-' (none "." or ".."), joined by '/'.
+S3_PATH_PATTERN = r"^(/?[A-Za-z0-9_-][A-Za-z0-9._-]*(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*/?)?$"
 
 # Five cron fields (minute hour day-of-month month day-of-week), or a @macro.
 CRON_PATTERN = (
@@ -224,7 +201,11 @@ class S3Store(ApiModel):
     path: str = Field(
         default="",
         max_length=512,
-        description="Prefix inside the bucket; snapshots go under <path>/<cluster>/.",
+        pattern=S3_PATH_PATTERN,
+        description=(
+            "Prefix inside the bucket; snapshots go under <path>/<cluster>/. Letters, digits, '.', '_'"
+            " and '-' in segments joined by '/'."
+        ),
     )
     endpoint: str | None = Field(
         default=None,
@@ -360,10 +341,29 @@ _SPEC_RULES = cel(
         ".postgresVersion",
     ),
     rule(
-        "!has(self.parameters) || !self.parameters.exists(k, k.matches('" + _OWNED_REGEX + "'))",
-        "parameters: settings owned by the operator cannot be set (port, listen_addresses, archive_mode,"
-        " archive_command, restore_command, primary_conninfo, primary_slot_name, synchronous_standby_names,"
-        " hot_standby, wal_level, data_directory, hba_file, ident_file, ...)",
+        "!has(self.parameters) || self.parameters.all(k, k.matches(" + _SETTING_NAME + "))",
+        "parameters: a setting name is letters, digits and '_' (an extension's: prefix.name)",
+        ".parameters",
+    ),
+    rule(
+        "!has(self.parameters) || !self.parameters.exists(k, k.matches(" + _REFUSED + "))",
+        "parameters: settings owned by the operator, or that run commands, load code from a path or"
+        " write files elsewhere, cannot be set (port, archive_command, restore_command, primary_conninfo,"
+        " synchronous_standby_names, wal_level, max_wal_senders, archive_cleanup_command,"
+        " recovery_end_command, dynamic_library_path, jit_provider, log_directory, log_filename, include,"
+        " include_dir, ssl*, ...: docs/security.md lists them)",
+        ".parameters",
+    ),
+    rule(
+        "!has(self.parameters) || !self.parameters.exists(k, self.parameters[k].matches(" + _FORBIDDEN + "))",
+        "parameters: a value cannot hold a control character or a line separator",
+        ".parameters",
+    ),
+    rule(
+        "!has(self.parameters) || self.parameters.all(k, !k.matches(" + _LIBRARIES + ")"
+        " || self.parameters[k].matches(" + _LIBRARY_LIST + "))",
+        "parameters: library names only (such as pg_stat_statements), never a path, in"
+        " shared_preload_libraries, local_preload_libraries and session_preload_libraries",
         ".parameters",
     ),
     rule(
@@ -442,12 +442,12 @@ class PostgresClusterSpec(ApiModel):
 
     @field_validator("parameters")
     @classmethod
-    def _refuse_owned_parameters(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+    def _refuse_unsafe_parameters(cls, value: dict[str, str] | None) -> dict[str, str] | None:
         # The CRD refuses these at admission; the operator checks again for objects stored before a rule
         # existed, so that an owned setting can never reach postgresql.conf.
-        owned = sorted(k for k in (value or {}) if k.lower() in OPERATOR_OWNED_PARAMETERS)
-        if owned:
-            raise ValueError(f"settings owned by the operator cannot be set: {', '.join(owned)}")
+        problems = user_parameters.problems(value)
+        if problems:
+            raise ValueError("; ".join(problems))
         return value
 
     @property

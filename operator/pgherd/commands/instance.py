@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pgherd_backup.errors import BackupError
+from pgherd_backup.postgres import parameters as user_parameters
 
 
 def _env(flag: str) -> str | None:
@@ -148,6 +149,8 @@ def _parameters(values: list[str]) -> dict[str, str]:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
             raise BackupError(f"--parameter {item!r}: expected NAME=VALUE")
+        if (why := user_parameters.problem(name.strip(), value.strip())) is not None:
+            raise BackupError(f"--parameter: {why}")
         parameters[name.strip()] = value.strip()
     return parameters
 

@@ -44,7 +44,8 @@ from pgherd.local.pods import Credentials, Pods
 from pgherd.local.state import MemberState, SandboxState, binaries_missing
 from pgherd_backup.agent.client import AgentClient, AgentError, AgentUnreachable
 from pgherd_backup.agent.wire import ActionResult, FenceRequest, Status, lsn_value
-from pgherd_backup.postgres.config import OWNED_SETTINGS, Setting
+from pgherd_backup.postgres import parameters as user_parameters
+from pgherd_backup.postgres.config import Setting
 from pgherd_backup.postgres.process import grant_traverse
 from pgherd_backup.postgres.seed import is_empty
 
@@ -74,14 +75,6 @@ FAST_SETTINGS: dict[str, Setting] = {
     "fsync": "on",
     "log_line_prefix": "%m [%p] %q%a ",
 }
-# Settings the agent sets itself (its member name as cluster_name) besides those pgherd owns.
-_AGENT_SETTINGS = frozenset({"cluster_name"})
-
-
-def _render(value: object) -> str:
-    if isinstance(value, bool):
-        value = "on" if value else "off"
-    return "'" + str(value).replace("'", "''") + "'"
 
 
 def _quote(value: str) -> str:
@@ -220,16 +213,11 @@ class LocalPlatform:
     # --- the kubelet's part ---------------------------------------------------------------------------
     def _write_parameters(self, name: str, spec: PostgresClusterSpec) -> None:
         """The member's PostgreSQL parameters, read again by its agent at every start."""
-        values = {**FAST_SETTINGS, **(spec.parameters or {})}
-        lines = [
-            f"{key} = {_render(value)}\n"
-            for key, value in sorted(values.items())
-            if key not in OWNED_SETTINGS and key not in _AGENT_SETTINGS
-        ]
+        text = user_parameters.render({**FAST_SETTINGS, **(spec.parameters or {})})
         path = self.pods.parameters_file(name)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(lines))
+        tmp.write_text(text)
         os.replace(tmp, path)
 
     def held(self, name: str) -> bool:

@@ -6,32 +6,17 @@ change the spec revision, which the operator rolls out member by member."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 from pgherd.kube import names
 from pgherd.kube.builders.common import ClusterRef, Manifest, metadata
-
-# What the agent's read_parameters accepts as a name (pgherd_backup.agent.options._PARAMETER).
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
-HEADER = "# spec.parameters of the PostgresCluster, written by pgherd: edit the PostgresCluster, not this.\n"
+from pgherd_backup.postgres import parameters as user_parameters
 
 
 def render_parameters(parameters: Mapping[str, str] | None) -> str:
-    """`name = 'value'` lines, sorted, every value single-quoted with quotes doubled: the syntax of
-    postgresql.conf that the agent's read_parameters parses back to the same strings. The API already
-    refuses the settings pgherd owns; a name or value that no postgresql.conf line could hold (a line
-    break) is refused here (ValueError naming it) rather than written half."""
-    lines = [HEADER]
-    for name in sorted(parameters or {}):
-        value = str((parameters or {})[name])
-        if not _NAME.match(name):
-            raise ValueError(f"parameters: {name!r} is not a PostgreSQL setting name")
-        if "\n" in value or "\r" in value or "\0" in value:
-            raise ValueError(f"parameters.{name}: a value cannot hold a line break or a NUL")
-        quoted = value.replace("'", "''")
-        lines.append(f"{name} = '{quoted}'\n")
-    return "".join(lines)
+    """The file the agent's read_parameters parses back to the same strings; a parameter no user may
+    set is refused here (ValueError naming it) rather than written for every member to refuse."""
+    return user_parameters.render(parameters)
 
 
 def configmap(ref: ClusterRef) -> Manifest:
