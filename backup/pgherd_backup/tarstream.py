@@ -2,11 +2,13 @@
 extractor that writes a tar stream into a directory with large writes and bounded memory.
 
 pg_basebackup writes plain ustar archives (regular files, directories, symlinks); pax and GNU
-long-name headers are accepted too. Nothing outside the target directory is ever written.
+long-name headers are accepted too. The stream is not trusted: nothing outside the target directory
+is ever written, no path crosses a symbolic link, and every link made points inside.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from collections.abc import Callable, Collection
@@ -164,12 +166,156 @@ class _Pull:
         return not self._pending
 
 
-def _safe_path(root: Path, name: str) -> Path:
-    clean = name.removeprefix("./").rstrip("/")
-    parts = clean.split("/")
-    if not clean or clean.startswith("/") or ".." in parts:
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+_NOT_A_DIRECTORY = (errno.ELOOP, errno.ENOTDIR)  # what O_NOFOLLOW | O_DIRECTORY meets on a link or a file
+_REFUSED_TYPES = {b"1": "hard link", b"3": "character device", b"4": "block device", b"6": "FIFO"}
+
+
+def _member_parts(name: str) -> tuple[str, ...]:
+    """A member's path below the target, one component each; () is the target itself."""
+    parts = tuple(part for part in name.split("/") if part not in ("", "."))
+    if name.startswith("/") or ".." in parts or "\0" in name:
         raise IntegrityError(f"the tar stream holds an unsafe path {name!r}: refusing to extract it")
-    return root.joinpath(*parts)
+    return parts
+
+
+class _Target:
+    """The target directory, opened once. Every member is reached from it one component at a time
+    with O_NOFOLLOW, so no path the archive names crosses a symbolic link, whatever links it made.
+    Links are checked apart: each must point inside without going through another link."""
+
+    def __init__(self, root: Path, uid: int | None, gid: int | None) -> None:
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.uid, self.gid = uid, gid
+        self.links: set[tuple[str, ...]] = set()
+        self.stepped: dict[tuple[str, ...], str] = {}  # paths a link's target steps through: that link
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def chown(self, fd: int) -> None:
+        _chown(fd, self.uid, self.gid)
+
+    def open_dir(self, parts: tuple[str, ...], name: str, mode: int = 0o700) -> int:
+        """A new descriptor of the directory `parts`, made (with `mode` for the last) if missing."""
+        fd = os.dup(self.fd)
+        try:
+            for depth, part in enumerate(parts):
+                inner = self._enter(
+                    fd, part, mode if depth == len(parts) - 1 else 0o700, name, parts[: depth + 1]
+                )
+                os.close(fd)
+                fd = inner
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _enter(self, fd: int, part: str, mode: int, name: str, path: tuple[str, ...]) -> int:
+        try:
+            return _open_dir_at(fd, part, name, path)
+        except FileNotFoundError:
+            try:
+                os.mkdir(part, mode, dir_fd=fd)
+            except FileExistsError:  # a writer thread made a file of that name meanwhile
+                return _open_dir_at(fd, part, name, path)
+        inner = _open_dir_at(fd, part, name, path)
+        self.chown(inner)
+        return inner
+
+    def symlink(self, parts: tuple[str, ...], link: str, name: str) -> None:
+        self._check_link(parts, link, name)
+        parent = self.open_dir(parts[:-1], name)
+        try:
+            os.symlink(link, parts[-1], dir_fd=parent)
+            if self.uid is not None:
+                os.chown(
+                    parts[-1],
+                    self.uid,
+                    self.gid if self.gid is not None else -1,
+                    dir_fd=parent,
+                    follow_symlinks=False,
+                )
+        except FileExistsError:
+            raise IntegrityError(
+                f"the tar stream holds the symbolic link {name!r} where something already is: refusing to extract it"
+            ) from None
+        finally:
+            os.close(parent)
+        self.links.add(parts)
+
+    def _check_link(self, parts: tuple[str, ...], link: str, name: str) -> None:
+        """Refuse a link unless, read from its directory, it names a place inside the target
+        without stepping through a link: ".." taken after a link climbs from where that link points."""
+        refuse = f"the tar stream holds the symbolic link {name!r} to {link!r}"
+        if not link or "\0" in link:
+            raise IntegrityError(f"{refuse}, which is not a usable target: refusing to extract it")
+        if link.startswith("/"):
+            if len(parts) == 2 and parts[0] == "pg_tblspc":
+                raise IntegrityError(
+                    f"{refuse}, a tablespace: tablespaces outside the data directory are not supported by "
+                    "restore (nor by snapshot: pg_basebackup cannot stream their files into one archive). "
+                    "Move the tablespace's tables to pg_default and drop it, then take a new snapshot"
+                )
+            raise IntegrityError(
+                f"{refuse}, an absolute path: a restore makes only links that stay inside the target "
+                "directory; refusing to extract it"
+            )
+        here = list(parts[:-1])
+        steps = [step for step in link.split("/") if step not in ("", ".")]
+        crossed: list[tuple[str, ...]] = []
+        for index, step in enumerate(steps):
+            if step != "..":
+                here.append(step)
+                if index < len(steps) - 1:
+                    crossed.append(tuple(here))
+            elif here:
+                here.pop()
+            else:
+                raise IntegrityError(f"{refuse}, outside the target directory: refusing to extract it")
+        for path in crossed:
+            if path in self.links:
+                raise IntegrityError(
+                    f"{refuse}, which goes through the symbolic link {'/'.join(path)!r}: refusing to extract it"
+                )
+        if parts in self.stepped:
+            raise IntegrityError(
+                f"the tar stream holds the symbolic link {name!r} where the earlier link "
+                f"{self.stepped[parts]!r} steps through: refusing to extract it"
+            )
+        for path in crossed:
+            self.stepped.setdefault(path, name)
+
+
+def _open_dir_at(fd: int, part: str, name: str, path: tuple[str, ...]) -> int:
+    try:
+        return os.open(part, _DIR_FLAGS, dir_fd=fd)
+    except OSError as error:
+        if error.errno in _NOT_A_DIRECTORY:
+            raise IntegrityError(
+                f"the tar stream holds {name!r}, whose path goes through {'/'.join(path)!r}, a symbolic "
+                "link or a file rather than a directory: refusing to extract it"
+            ) from None
+        raise
+
+
+def _chown(fd: int, uid: int | None, gid: int | None) -> None:
+    if uid is not None:
+        os.fchown(fd, uid, gid if gid is not None else -1)
+
+
+def _create(parent: int, leaf: str, mode: int, name: str) -> int:
+    try:
+        return os.open(leaf, _FILE_FLAGS, mode, dir_fd=parent)
+    except OSError as error:
+        if error.errno in (errno.ELOOP, errno.EISDIR):
+            raise IntegrityError(
+                f"the tar stream holds the file {name!r} where a symbolic link or a directory already is: "
+                "refusing to extract it"
+            ) from None
+        raise
 
 
 class _Writers:
@@ -182,14 +328,19 @@ class _Writers:
         self.budget = threading.Semaphore(budget // _SMALL)
         self.futures: list[Future[None]] = []
 
-    def submit(self, path: Path, data: bytes, mode: int) -> None:
-        self.budget.acquire()
-        self.futures = [f for f in self.futures if not f.done() or f.result() is not None]
-        self.futures.append(self.pool.submit(self._write, path, data, mode))
-
-    def _write(self, path: Path, data: bytes, mode: int) -> None:
+    def submit(self, parent: int, leaf: str, data: bytes, mode: int, name: str) -> None:
+        """Write `leaf` in the directory `parent`, a descriptor this takes over."""
         try:
-            _write_file(path, data, mode, self.uid, self.gid)
+            self.budget.acquire()
+            self.futures = [f for f in self.futures if not f.done() or f.result() is not None]
+            self.futures.append(self.pool.submit(self._write, parent, leaf, data, mode, name))
+        except BaseException:
+            os.close(parent)
+            raise
+
+    def _write(self, parent: int, leaf: str, data: bytes, mode: int, name: str) -> None:
+        try:
+            _write_file(parent, leaf, data, mode, self.uid, self.gid, name)
         finally:
             self.budget.release()
 
@@ -199,11 +350,15 @@ class _Writers:
             future.result()
 
 
-def _write_file(path: Path, data: bytes, mode: int, uid: int | None, gid: int | None) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+def _write_file(
+    parent: int, leaf: str, data: bytes, mode: int, uid: int | None, gid: int | None, name: str
+) -> None:
     try:
-        if uid is not None:
-            os.fchown(fd, uid, gid if gid is not None else -1)
+        fd = _create(parent, leaf, mode, name)
+    finally:
+        os.close(parent)
+    try:
+        _chown(fd, uid, gid)
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
@@ -226,15 +381,8 @@ def extract(
     pull = _Pull(reader)
     written = 0
     long_name: str | None = None
-    target.mkdir(mode=0o700, parents=True, exist_ok=True)
-    made: set[Path] = {target}
+    tree = _Target(target, uid, gid)
     writers = _Writers(uid, gid)
-
-    def parent_of(path: Path) -> None:
-        if path.parent not in made:
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            made.add(path.parent)
-
     try:
         while True:
             raw = pull.read_exact(BLOCK)
@@ -251,24 +399,31 @@ def extract(
                 elif header.type == b"L":
                     long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
                 continue
-            path = _safe_path(target, name) if name not in (".", "./") else target
+            parts = _member_parts(name)
+            if header.type in _REFUSED_TYPES:
+                raise IntegrityError(
+                    f"the tar stream holds {name!r}, a {_REFUSED_TYPES[header.type]}: a restore makes only "
+                    "files, directories and symbolic links (all pg_basebackup writes); refusing to extract it"
+                )
             if header.type == b"5":
-                path.mkdir(mode=header.mode & 0o777 or 0o700, parents=True, exist_ok=True)
-                made.add(path)
-                if uid is not None:
-                    os.chown(path, uid, gid if gid is not None else -1)
+                fd = tree.open_dir(parts, name, header.mode & 0o777 or 0o700)
+                try:
+                    tree.chown(fd)
+                finally:
+                    os.close(fd)
+            elif not parts:
+                raise IntegrityError(f"the tar stream holds an unsafe path {name!r}: refusing to extract it")
             elif header.type == b"2":
-                parent_of(path)
-                os.symlink(header.linkname, path)
-                if uid is not None:
-                    os.lchown(path, uid, gid if gid is not None else -1)
+                tree.symlink(parts, header.linkname, name)
             elif header.type in (b"0", b"\0", b"7"):
-                parent_of(path)
                 mode = header.mode & 0o777 or 0o600
                 if header.size <= _SMALL:
-                    writers.submit(path, pull.read_exact(header.size) if header.size else b"", mode)
+                    data = pull.read_exact(header.size) if header.size else b""
+                    writers.submit(tree.open_dir(parts[:-1], name), parts[-1], data, mode, name)
                 else:
-                    _write_stream(pull, path, header.size, mode, uid, gid, name)
+                    _write_stream(
+                        pull, tree.open_dir(parts[:-1], name), parts[-1], header.size, mode, uid, gid, name
+                    )
                 written += header.size
                 pull.skip(_padded(header.size) - header.size)
             else:
@@ -276,17 +431,22 @@ def extract(
             if progress is not None:
                 progress(pull.position)
     finally:
-        writers.close()
+        try:
+            writers.close()
+        finally:
+            tree.close()
     return written
 
 
 def _write_stream(
-    pull: _Pull, path: Path, size: int, mode: int, uid: int | None, gid: int | None, name: str
+    pull: _Pull, parent: int, leaf: str, size: int, mode: int, uid: int | None, gid: int | None, name: str
 ) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
-        if uid is not None:
-            os.fchown(fd, uid, gid if gid is not None else -1)
+        fd = _create(parent, leaf, mode, name)
+    finally:
+        os.close(parent)
+    try:
+        _chown(fd, uid, gid)
         left = size
         while left:
             data = pull.read_some(min(left, _IO_BLOCK))
