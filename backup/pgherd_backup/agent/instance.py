@@ -59,6 +59,10 @@ log = logging.getLogger("pgherd.agent")
 
 VERSION = __version__
 _CRASH_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+# How long the liveness probe holds while the agent's restarts of a crashed PostgreSQL keep failing.
+CRASH_RESTART_LIVENESS_BUDGET = 300.0
+# From PostgreSQL's exit to the agent's decision to restart it (the crash is recorded first).
+CRASH_NOTICE = 2.0
 
 
 class Busy(BackupError):
@@ -194,6 +198,9 @@ class Instance:
         self.shutting_down = False
         self.last_error: str | None = None
         self.start_failed = False
+        # Set from a crash until the agent's restarts of PostgreSQL end (started, refused or given up).
+        self.restarting_after_crash = threading.Event()
+        self.crashed_at = 0.0
         self.start_error: str | None = None  # why the last start failed (its FATAL line); None once started
         self.action_name: str | None = None
         self.long_action: LongAction | None = None  # the action going on after its answer (restore)
@@ -563,11 +570,19 @@ class Instance:
             demoted = self.state.demoted
             upstream = None if demoted else self.state.upstream
         log.error("%s: starting it again read-only", self.last_error)
+        self.crashed_at = time.monotonic()
+        self.restarting_after_crash.set()
         threading.Thread(
             target=self._restart_read_only, args=(token, upstream, demoted), name="crash-restart", daemon=True
         ).start()
 
     def _restart_read_only(self, token: int, upstream: str | None, demoted: bool) -> None:
+        try:
+            self._try_restarts(token, upstream, demoted)
+        finally:
+            self.restarting_after_crash.clear()
+
+    def _try_restarts(self, token: int, upstream: str | None, demoted: bool) -> None:
         for attempt in range(10_000):
             time.sleep(_CRASH_BACKOFF[min(attempt, len(_CRASH_BACKOFF) - 1)])
             if self.refusal(token, may_start_fenced=demoted) is not None:
@@ -689,8 +704,19 @@ class Instance:
             stopped_on_purpose = self.state.fenced and not self.state.demoted
         if stopped_on_purpose and not self.postmaster.alive:
             return True, "fenced: stopped on purpose"
+        # Restarting a crashed PostgreSQL is the agent doing its work: a kill by the kubelet would only
+        # start it over. Its attempts failing for minutes is a wedged member, which a new container may cure.
+        if (
+            self.restarting_after_crash.is_set()
+            and not self.postmaster.alive
+            and time.monotonic() - self.crashed_at < CRASH_RESTART_LIVENESS_BUDGET
+        ):
+            return True, f"restarting PostgreSQL after a crash ({self.last_error})"
         state = self.postmaster.state
         if state is PostmasterState.CRASHED:
+            just_now = (datetime.now(UTC) - self.postmaster.since).total_seconds() < CRASH_NOTICE
+            if self.postmaster.exit_is_crash and just_now:
+                return True, "PostgreSQL just exited: the agent is about to start it again"
             return False, f"PostgreSQL crashed and is not running again yet ({self.last_error})"
         if self.start_failed and not self.postmaster.alive and self.action_name is None:
             return False, f"PostgreSQL should run and does not: {self.start_error or self.last_error}"

@@ -137,6 +137,8 @@ class PostmasterChild:
         self._state = PostmasterState.STOPPED
         self.since = datetime.now(UTC)
         self.last_exit: int | None = None
+        # Whether its last exit goes to on_crash (not a failed start, a stop, or an action's own child).
+        self.exit_is_crash = False
 
     # -- observation --------------------------------------------------------------------------------
     @property
@@ -260,6 +262,7 @@ class PostmasterChild:
             report = crashed and not child.starter_waiting and child.report_exit
             if child is self._child:
                 self.last_exit = code
+                self.exit_is_crash = report
                 self._set(PostmasterState.CRASHED if crashed else PostmasterState.STOPPED)
             child.exited.set()
         if report:
