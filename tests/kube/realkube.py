@@ -30,7 +30,7 @@ import kopf
 import yaml
 from kopf.testing import KopfRunner
 
-from pgherd.kube.api import Credentials
+from pgherd.kube.api import Credentials, TokenFile
 from pgherd.kube.handlers import Election, Operator, build
 from pgherd.kube.loop import OperatorConfig
 
@@ -59,6 +59,12 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "rolebindings": ("/apis/rbac.authorization.k8s.io/v1", "RoleBinding", True),
     "clusterroles": ("/apis/rbac.authorization.k8s.io/v1", "ClusterRole", False),
     "clusterrolebindings": ("/apis/rbac.authorization.k8s.io/v1", "ClusterRoleBinding", False),
+    "flowschemas": ("/apis/flowcontrol.apiserver.k8s.io/v1", "FlowSchema", False),
+    "prioritylevelconfigurations": (
+        "/apis/flowcontrol.apiserver.k8s.io/v1",
+        "PriorityLevelConfiguration",
+        False,
+    ),
     "validatingadmissionpolicies": (
         "/apis/admissionregistration.k8s.io/v1",
         "ValidatingAdmissionPolicy",
@@ -171,16 +177,19 @@ class Kube:
     def items(self, resource: str, namespace: str | None) -> list[JSON]:
         return list(self.request("GET", self.path(resource, namespace)).get("items") or [])
 
-    def token(self, namespace: str, service_account: str, seconds: int = 3600) -> str:
-        """A token of that ServiceAccount from the TokenRequest API (as the kubelet gets a pod's)."""
+    def token(
+        self, namespace: str, service_account: str, seconds: int = 3600, *, bound_to: JSON | None = None
+    ) -> str:
+        """A token of that ServiceAccount from the TokenRequest API (as the kubelet gets a pod's).
+        ``bound_to``: an object of the namespace (kind, name, uid of a Secret or Pod) the token lives
+        with: deleting it invalidates the token at once, as a pod's token dies with its pod."""
+        spec: JSON = {"expirationSeconds": seconds}
+        if bound_to is not None:
+            spec["boundObjectRef"] = {"apiVersion": "v1", **bound_to}
         doc = self.request(
             "POST",
             self.path("serviceaccounts", namespace, service_account, "token"),
-            {
-                "apiVersion": "authentication.k8s.io/v1",
-                "kind": "TokenRequest",
-                "spec": {"expirationSeconds": seconds},
-            },
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
         )
         return str(doc["status"]["token"])
 
@@ -222,6 +231,7 @@ class AuditEvent:
     namespace: str
     name: str
     message: str  # responseStatus.message (why a request was refused)
+    user_agent: str = ""
 
     @classmethod
     def parse(cls, doc: JSON) -> AuditEvent:
@@ -242,6 +252,7 @@ class AuditEvent:
             namespace=str(ref.get("namespace", "")),
             name=str(ref.get("name", "")),
             message=str(status.get("message", "")),
+            user_agent=str(doc.get("userAgent", "")),
         )
 
     @property
@@ -267,13 +278,15 @@ class AuditEvent:
 class AuditLog:
     """DIR/audit.log, read as it grows: one entry per request, in the order they started to be answered
     (ResponseComplete; a watch from its ResponseStarted on, replaced by its ResponseComplete once it
-    ends)."""
+    ends). A request whose token was refused (401) is audited apart, before any user is known, with
+    one ResponseStarted only: those are in ``unauthenticated``, not in ``events``."""
 
     def __init__(self, path: Path, kube: Kube) -> None:
         self.path, self.kube = path, kube
         self._offset = 0
         self._partial = b""
         self.events: list[AuditEvent] = []
+        self.unauthenticated: list[AuditEvent] = []
         self._open: dict[str, int] = {}  # audit id of a watch still open -> its index in events
 
     def read(self) -> list[AuditEvent]:
@@ -288,7 +301,9 @@ class AuditLog:
             if not line.strip():
                 continue
             event = AuditEvent.parse(json.loads(line))
-            if event.stage == "ResponseStarted" and event.verb == "watch":
+            if event.stage == "ResponseStarted" and event.code == 401 and not event.user:
+                self.unauthenticated.append(event)
+            elif event.stage == "ResponseStarted" and event.verb == "watch":
                 self._open[event.audit_id] = len(self.events)
                 self.events.append(event)
             elif event.stage == "ResponseComplete":
@@ -463,9 +478,13 @@ class ChartIdentity:
         self.tokens.append(token)
         return token
 
-    def credentials(self, token: str | None = None) -> Credentials:
+    def credentials(self, token: str | None = None, *, token_file: Path | None = None) -> Credentials:
+        """``token_file``: the token is that file's, followed as it changes (the in-cluster way)."""
         context = ssl.create_default_context(cafile=str(self.ca_file))
-        return Credentials(server=self.server, token=token or self.token, ssl_context=context)
+        follow = TokenFile(token_file) if token_file is not None else None
+        return Credentials(
+            server=self.server, token=token or self.token, ssl_context=context, token_file=follow
+        )
 
     def login(self, token: str | None = None) -> kopf.ConnectionInfo:
         """What kopf logs in with: the same server, token and CA."""
@@ -528,14 +547,16 @@ def running_as(
     *,
     election: Election | None = None,
     token: str | None = None,
+    token_file: Path | None = None,
     config: OperatorConfig | None = None,
 ) -> Iterator[Operator]:
     """`pgherd operator` in this process (kopf's KopfRunner, the handlers of pgherd.kube.handlers) as
-    the chart's ServiceAccount, watching `identity.watched`; stopped when the block ends."""
+    the chart's ServiceAccount, watching `identity.watched`; stopped when the block ends.
+    ``token_file``: its token is that file's (as in a pod, where the kubelet rotates it)."""
     operator = Operator(
         config=config or OperatorConfig(steady_interval=0.2, busy_interval=0.1),
         election=election,
-        credentials=identity.credentials(token),
+        credentials=identity.credentials(token, token_file=token_file),
         login_info=identity.login(token),
     )
     registry, settings = build(operator)

@@ -24,7 +24,7 @@ import kopf
 
 from pgherd.api.cluster import VolumeDeletePolicy
 from pgherd.kube import names
-from pgherd.kube.api import Credentials, KubeApi
+from pgherd.kube.api import Credentials, KubeApi, RetryPolicy
 from pgherd.kube.leader import AlwaysLeader, LeaderElector
 from pgherd.kube.loop import ClusterLoop, OperatorConfig, Wakeups
 from pgherd.kube.objects import delete_volumes
@@ -33,6 +33,9 @@ from pgherd.kube.observe import ClusterObjects
 log = logging.getLogger("pgherd.kube")
 
 CANCELLATION_TIMEOUT = 10.0
+# A Lease renewal retried briefly: the election's own loop tries again every few seconds, and a renewal
+# must land within the renew deadline to count.
+ELECTION_RETRY = RetryPolicy(attempts=3, max_retry_after=2.0, max_backoff=1.0)
 JSON = dict[str, Any]
 
 
@@ -53,7 +56,7 @@ class Operator:
     config: OperatorConfig = field(default_factory=OperatorConfig)
     election: Election | None = None
     credentials: Credentials | None = None  # None: discovered at startup (in-cluster, else kubeconfig)
-    # What kopf logs in with when the credentials were discovered here: the same server, token and CA.
+    # What kopf logs in with: the same server and CA, and the token (in-cluster: the file's current one).
     login_info: kopf.ConnectionInfo | None = None
     api: KubeApi | None = None
     election_api: KubeApi | None = None
@@ -103,36 +106,37 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
     settings.networking.request_timeout = 30
 
     @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo:
-        if operator.login_info is not None:
-            return operator.login_info
-        if operator.credentials is not None:
-            creds = operator.credentials
-            return kopf.ConnectionInfo(
-                server=creds.server,
-                token=creds.token,
-                scheme="Bearer" if creds.token else None,
-                insecure=creds.ssl_context is False,
-            )
-        info = Credentials.kopf_login(kwargs["settings"])
-        operator.login_info = info
-        operator.credentials = Credentials.from_kopf(info)
-        return info
+    async def login(**kwargs: Any) -> kopf.ConnectionInfo:
+        # Called again by kopf after a 401: in-cluster, the token is then read again from its file.
+        if operator.credentials is None:
+            operator.credentials, operator.login_info = Credentials.discover(kwargs["settings"])
+        creds = operator.credentials
+        info = operator.login_info or kopf.ConnectionInfo(
+            server=creds.server,
+            token=creds.token,
+            scheme="Bearer" if creds.token else None,
+            insecure=creds.ssl_context is False,
+        )
+        return creds.kopf_info(info)
 
     @kopf.on.startup(registry=registry)
     async def startup(**_: Any) -> None:
         if operator.credentials is None:
             # kopf runs startup before its login: kopf must then log in with these same credentials,
             # CA included (a ConnectionInfo without it fails on an in-cluster API server's certificate).
-            operator.login_info = Credentials.kopf_login()
-            operator.credentials = Credentials.from_kopf(operator.login_info)
+            operator.credentials, operator.login_info = Credentials.discover()
         operator.api = KubeApi(operator.credentials)
         if operator.election is None:
             operator.leader = AlwaysLeader()
         else:
             e = operator.election
             # Its own connections: a Lease renewal never waits behind the clusters' requests.
-            operator.election_api = KubeApi(operator.credentials, pool=2, user_agent="pgherd-leader-election")
+            operator.election_api = KubeApi(
+                operator.credentials,
+                pool=2,
+                user_agent="pgherd-leader-election",
+                retry=ELECTION_RETRY,
+            )
             operator.leader = LeaderElector(
                 operator.election_api,
                 e.namespace,
