@@ -361,23 +361,30 @@ class Instance:
         return make_conninfo(**{k: str(v) for k, v in params.items()})
 
     # -- SQL on the member itself --------------------------------------------------------------------
-    def local_dsn(self) -> str:
+    def local_dsn(self, user: str | None = None) -> str:
+        """The Unix socket, as `user` (default: the superuser)."""
         return make_conninfo(
             host=str(self.options.socket_dir),
             port=str(self.options.pg_port),
-            user=self.options.superuser,
+            user=user or self.options.superuser,
             dbname="postgres",
             application_name="pgherd-agent",
+        )
+
+    def open_local(
+        self, timeout: float = 2.0, statement_timeout: float | None = None, user: str | None = None
+    ) -> psycopg.Connection[Any]:
+        """A connection on the Unix socket, autocommit; the caller closes it."""
+        options = f"-c statement_timeout={int((statement_timeout or timeout) * 1000)}"
+        return psycopg.connect(
+            self.local_dsn(user), autocommit=True, connect_timeout=max(1, int(timeout)), options=options
         )
 
     @contextlib.contextmanager
     def connect(
         self, timeout: float = 2.0, statement_timeout: float | None = None
     ) -> Iterator[psycopg.Connection[Any]]:
-        options = f"-c statement_timeout={int((statement_timeout or timeout) * 1000)}"
-        with psycopg.connect(
-            self.local_dsn(), autocommit=True, connect_timeout=max(1, int(timeout)), options=options
-        ) as conn:
+        with self.open_local(timeout, statement_timeout) as conn:
             yield conn
 
     def role(self) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -25,6 +26,10 @@ from pgherd_backup.restore import RecoveryTarget
 log = logging.getLogger("pgherd.agent")
 
 METHODS = ("initdb", "basebackup", "snapshot")
+# The agent's own view of its PostgreSQL (the probes): pg_monitor's rights and nothing more, no password,
+# so that it logs in on the Unix socket alone.
+MONITOR_ROLE = "pgherd_monitor"
+MONITOR_HBA = f"local postgres {MONITOR_ROLE} trust"
 
 
 @dataclass(frozen=True)
@@ -109,15 +114,17 @@ def _initdb(inst: Instance) -> None:
         password=password,
         auth_local="trust",
         auth_host="scram-sha-256" if password is not None else "trust",
-        hba_lines=hba,
+        hba_lines=[*hba, MONITOR_HBA],
     )
 
 
 def _create_roles(inst: Instance) -> None:
-    """The replication account (when it is not the superuser) and the application's owner and database."""
+    """The replication account (when it is not the superuser), the agent's monitor, and the application's
+    owner and database."""
     options, credentials = inst.options, inst.credentials
     inst.wait_accepting(inst.options.start_timeout)
     with inst.connect(timeout=5, statement_timeout=60) as conn:
+        ensure_monitor_role(conn)
         if options.replication_role != options.superuser:
             _ensure_role(conn, options.replication_role, credentials.replication_password, "REPLICATION")
         if options.app_user:
@@ -131,15 +138,34 @@ def _create_roles(inst: Instance) -> None:
                 )
 
 
-def _ensure_role(conn: psycopg.Connection[object], name: str, secret: object, attributes: str) -> None:
+def ensure_monitor_role(conn: psycopg.Connection[Any]) -> bool:
+    """pgherd_monitor on a primary that lacks it (a cluster made before it existed, or at initdb); True
+    when it was created. Replicas get it by replication."""
+    row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+    if row is None or row[0]:
+        return False
+    try:
+        with conn.transaction():
+            # a synchronous standby that is away must not hold the probes' role back
+            conn.execute("SET LOCAL synchronous_commit = local")
+            created = _ensure_role(conn, MONITOR_ROLE, None, "IN ROLE pg_monitor")
+    except psycopg.errors.DuplicateObject:
+        return False  # created meanwhile
+    if created:
+        log.info("created the role %s (the agent's probes read PostgreSQL as it)", MONITOR_ROLE)
+    return created
+
+
+def _ensure_role(conn: psycopg.Connection[Any], name: str, secret: object, attributes: str) -> bool:
     from pgherd_backup.agent.credentials import SecretFile
 
     if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone():
-        return
+        return False
     query = sql.SQL("CREATE ROLE {} LOGIN " + attributes).format(sql.Identifier(name))
     if isinstance(secret, SecretFile):
         query = sql.SQL("{} PASSWORD {}").format(query, sql.Literal(secret.value()))
     conn.execute(query)
+    return True
 
 
 def _snapshot(

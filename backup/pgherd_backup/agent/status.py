@@ -74,13 +74,19 @@ def _lsn(text: str | None) -> int | None:
 
 
 def query_live(inst: Instance) -> Live | None:
+    """Live, on a connection of its own as the superuser (/status: the operator's fresh data)."""
     if not inst.postmaster.alive:
         return None
     try:
         with inst.connect(timeout=1, statement_timeout=1.5) as conn:
-            row = conn.execute(_QUERY).fetchone()
+            return read_live(conn)
     except psycopg.Error:
         return None
+
+
+def read_live(conn: psycopg.Connection[Any]) -> Live:
+    """Live from one round trip on `conn`: every function and view it reads is pg_monitor's to read."""
+    row = conn.execute(_QUERY).fetchone()
     assert row is not None
     (
         in_recovery,

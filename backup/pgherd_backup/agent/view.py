@@ -1,0 +1,204 @@
+"""The agent's own view of its PostgreSQL: what the kubelet's probes answer from (and, later, metrics).
+
+One sample at a time, taken at most once a second whoever asks and however many ask at once (callers
+share the query in flight), on one kept connection over the Unix socket as pgherd_monitor (pg_monitor's
+rights, no password). /status does not use it: the operator's failure detection reads PostgreSQL live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from pgherd_backup.agent import status
+from pgherd_backup.agent.instance import Instance
+from pgherd_backup.agent.seeding import MONITOR_ROLE, ensure_monitor_role
+from pgherd_backup.agent.supervisor import PostmasterState
+
+log = logging.getLogger("pgherd.agent")
+
+FRESH = 1.0  # a sample younger than this is answered as it is
+# When pgherd_monitor cannot log in (a replica whose primary has not created it yet, every connection slot
+# but the superuser's taken), the view reads as the superuser, and tries pgherd_monitor again this often.
+MONITOR_RETRY = 60.0
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The member as seen at `taken_at` (time.monotonic())."""
+
+    taken_at: float
+    postmaster: PostmasterState
+    live: status.Live | None  # None: PostgreSQL does not run, or did not answer (`error` says why)
+    error: str | None
+    ready: bool
+    ready_detail: str
+    healthy: bool
+    health_detail: str
+    key: tuple[object, ...]  # what the member's state was keyed on (see View.key)
+
+    @property
+    def age(self) -> float:
+        return time.monotonic() - self.taken_at
+
+
+class View:
+    """The latest Sample, refreshed on demand by one thread at a time."""
+
+    def __init__(self, inst: Instance, fresh: float = FRESH) -> None:
+        self.inst = inst
+        self.fresh = fresh
+        self._lock = threading.Lock()
+        self._latest: Sample | None = None
+        self._pending: Future[Sample] | None = None
+        self._conn: psycopg.Connection[Any] | None = None  # used by the refreshing thread only
+        self._superuser_until = 0.0  # reading as the superuser until then (see MONITOR_RETRY)
+
+    @property
+    def latest(self) -> Sample | None:
+        return self._latest
+
+    def key(self) -> tuple[object, ...]:
+        """Read without a lock: a sample taken under another key (PostgreSQL started or stopped since, a
+        fence) is stale whatever its age."""
+        state = self.inst.state
+        return (self.inst.postmaster.since, state.fenced, state.demoted)
+
+    def current(self) -> Sample | None:
+        """The latest sample when it is fresh and still describes the member."""
+        sample = self._latest
+        if sample is None or sample.age >= self.fresh or sample.key != self.key():
+            return None
+        return sample
+
+    def get(self) -> Sample:
+        """A fresh sample, for a thread: the latest, or the one being taken (joined, never doubled)."""
+        return self.current() or self.refresh().result()
+
+    async def aget(self, wait: float) -> Sample | None:
+        """A fresh sample, for the event loop: waits up to `wait` for the refresh in flight, then gives
+        the latest, however old (None before the first)."""
+        sample = self.current()
+        if sample is not None:
+            return sample
+        try:
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(self.refresh())), wait)
+        except Exception:  # not in time (PostgreSQL slow to answer), or failed (logged)
+            return self._latest
+
+    def refresh(self) -> Future[Sample]:
+        """The refresh in flight, or a new one in a thread of its own."""
+        with self._lock:
+            if self._pending is None:
+                self._pending = Future()
+                threading.Thread(
+                    target=self._refresh, args=(self._pending,), name="agent-view", daemon=True
+                ).start()
+            return self._pending
+
+    def _refresh(self, pending: Future[Sample]) -> None:
+        try:
+            sample = self._take(self.key())
+        except Exception as exc:  # a bug: logged; the probes judge the latest sample by its age
+            log.exception("the agent's view of PostgreSQL failed")
+            with self._lock:
+                self._pending = None
+            pending.set_exception(exc)
+            return
+        with self._lock:
+            self._latest = sample
+            self._pending = None
+        pending.set_result(sample)
+
+    def _take(self, key: tuple[object, ...]) -> Sample:
+        if not self.inst.postmaster.alive:
+            self._close()
+            return self._sample(None, None, key)
+        try:
+            live = status.read_live(self._connection())
+        except psycopg.Error:
+            self._close()  # a restarted PostgreSQL broke the kept connection: one more try on a new one
+            try:
+                live = status.read_live(self._connection())
+            except psycopg.Error as exc:
+                self._close()
+                return self._sample(None, self.inst.credentials.redact(_first_line(exc)), key)
+        return self._sample(live, None, key)
+
+    def _sample(self, live: status.Live | None, error: str | None, key: tuple[object, ...]) -> Sample:
+        inst = self.inst
+        ready, ready_detail = status.readiness(inst, live)
+        healthy, health_detail = inst.healthy()
+        return Sample(
+            taken_at=time.monotonic(),
+            postmaster=inst.postmaster.state,
+            live=live,
+            error=error,
+            ready=ready,
+            ready_detail=ready_detail,
+            healthy=healthy,
+            health_detail=health_detail,
+            key=key,
+        )
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is not None and self._superuser_until and time.monotonic() >= self._superuser_until:
+            self._close()  # time to try pgherd_monitor again
+        if self._conn is None or self._conn.closed:
+            self._conn = self._open()
+        return self._conn
+
+    def _open(self) -> psycopg.Connection[Any]:
+        try:
+            return self._open_as_monitor()
+        except psycopg.OperationalError as exc:
+            refused = _first_line(exc, last=True)
+        conn = self.inst.open_local(timeout=1, statement_timeout=1.5)  # PostgreSQL does not answer: raised
+        try:
+            ensure_monitor_role(conn)
+        except psycopg.Error as exc:
+            log.warning("could not create the role %s: %s", MONITOR_ROLE, _first_line(exc))
+        try:
+            monitor = self._open_as_monitor()  # created just now, or refused for a moment (a start)
+        except psycopg.OperationalError as exc:
+            refused = _first_line(exc, last=True)
+        else:
+            conn.close()
+            return monitor
+        if not self._superuser_until:
+            log.warning(
+                "the probes read PostgreSQL as the superuser for now: %s cannot log in (%s); on a replica "
+                "it comes by replication once the primary's agent has created it",
+                MONITOR_ROLE,
+                refused,
+            )
+        self._superuser_until = time.monotonic() + MONITOR_RETRY
+        return conn
+
+    def _open_as_monitor(self) -> psycopg.Connection[Any]:
+        conn = self.inst.open_local(timeout=1, statement_timeout=1.5, user=MONITOR_ROLE)
+        if self._superuser_until:
+            log.info("the probes read PostgreSQL as %s again", MONITOR_ROLE)
+            self._superuser_until = 0.0
+        return conn
+
+    def _close(self) -> None:
+        """Close the kept connection (PostgreSQL stopped); the next refresh opens another."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+
+def _first_line(exc: Exception, *, last: bool = False) -> str:
+    """A psycopg error in one line (a refused connection says why on its last line)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    return lines[-1] if last else lines[0]
