@@ -18,9 +18,11 @@ setup: $(STAMP)
 	bash scripts/ensure-helm.sh
 
 ## make setup-kube: what the localkube e2e driver needs (as root): the node's Debian packages and the
-## Kubernetes commands built from their Go modules (about 15 minutes the first time, then nothing).
+## Kubernetes commands built from their Go modules (about 15 minutes the first time, then nothing), and
+## promtool and prometheus built from Prometheus' Go module (about 3 minutes the first time).
 setup-kube: setup
 	bash scripts/ensure-localkube.sh
+	bash scripts/ensure-prometheus.sh >/dev/null
 
 lint: $(STAMP)
 	$(BIN)/ruff check operator backup tests e2e bench scripts
