@@ -29,6 +29,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pgherd_backup import __version__
 from pgherd_backup.agent.credentials import Credentials
 from pgherd_backup.agent.options import AgentOptions, read_parameters
+from pgherd_backup.agent.pgtls import PgTls, PgTlsFiles, hba_lines, speaks_tls, write_hba
 from pgherd_backup.agent.state import AgentState
 from pgherd_backup.agent.supervisor import (
     PostmasterChild,
@@ -45,6 +46,7 @@ from pgherd_backup.postgres.config import (
     archive_command,
     clear_standby_config,
     member_settings,
+    read_pgherd_conf,
     restore_command,
     update_pgherd_conf,
     write_standby_config,
@@ -161,6 +163,21 @@ def describe_upstream(upstream: str | None) -> str | None:
     return make_conninfo(**{k: str(v) for k, v in params.items()})
 
 
+def _pg_tls(options: AgentOptions) -> PgTls | None:
+    if not options.pg_tls:
+        return None
+    assert options.tls_cert and options.tls_key and options.tls_ca
+    assert options.replication_cert and options.replication_key
+    sources = PgTlsFiles(
+        server_cert=options.tls_cert,
+        server_key=options.tls_key,
+        ca=options.tls_ca,
+        client_cert=options.replication_cert,
+        client_key=options.replication_key,
+    )
+    return PgTls(options.tls_dir, sources, options.pg_tls_min_version)
+
+
 def _pgpass_escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace(":", "\\:")
 
@@ -201,6 +218,7 @@ class Instance:
         # Set from a crash until the agent's restarts of PostgreSQL end (started, refused or given up).
         self.restarting_after_crash = threading.Event()
         self.crashed_at = 0.0
+        self.pg_tls = _pg_tls(options)
         self.start_error: str | None = None  # why the last start failed (its FATAL line); None once started
         self.action_name: str | None = None
         self.long_action: LongAction | None = None  # the action going on after its answer (restore)
@@ -313,6 +331,9 @@ class Instance:
         extra.update(options.parameters)
         if options.parameters_file is not None:
             extra.update(read_parameters(options.parameters_file))
+        if self.pg_tls is not None:
+            self.pg_tls.install()
+            extra.update(self.pg_tls.settings())
         command = (
             archive_command(self.agent_executable, options.store, options.cluster) if options.store else None
         )
@@ -351,7 +372,12 @@ class Instance:
         """A conninfo to `upstream`: as given when explicit; else with the replication account (or the
         superuser, which pg_rewind needs). The password comes from the passfile, never from here."""
         params, explicit = upstream_params(upstream)
-        if not explicit:
+        if not explicit and self.pg_tls is not None and self._speaks_tls(params):
+            # The replication account's certificate, pg_rewind's reads included: no password at all.
+            params.update(
+                user=self.options.replication_role, dbname="postgres", **self.pg_tls.client_params()
+            )
+        elif not explicit:
             params["user"] = self.options.superuser if superuser else self.options.replication_role
             params["dbname"] = "postgres"
         params.setdefault("application_name", self.options.member)
@@ -359,6 +385,59 @@ class Instance:
         if "password" not in params:
             params.setdefault("passfile", str(self.options.passfile))
         return make_conninfo(**{k: str(v) for k, v in params.items()})
+
+    def _speaks_tls(self, params: Mapping[str, Any]) -> bool:
+        """Whether to reach this upstream by TLS: yes unless it answers that it has none (a member still
+        on a pgherd from before TLS, during the rollout that brings it); an upstream that does not
+        answer at all gets TLS, the way it will have to be reached."""
+        answer = speaks_tls(str(params["host"]), int(params["port"]))
+        if answer is False:
+            log.warning(
+                "%s:%s does not speak TLS (a member not moved to TLS yet): reaching it by password",
+                params["host"],
+                params["port"],
+            )
+        return answer is not False
+
+    def refresh_tls(self) -> None:
+        """Periodic (run.py): renewed certificates (the mounted Secret changed) are reloaded by
+        PostgreSQL without a restart; a replica that follows its upstream by password because the
+        upstream had no TLS moves to TLS once the upstream has it."""
+        if self.pg_tls is None:
+            return
+        reload = False
+        if self.pg_tls.install():
+            log.info("PostgreSQL's certificates changed: reloading them")
+            reload = True
+        reload = self._upstream_to_tls() or reload
+        if reload and self.postmaster.alive:
+            try:
+                with self.connect(timeout=2) as conn:
+                    conn.execute("SELECT pg_reload_conf()")
+            except psycopg.Error as exc:
+                log.warning("could not reload PostgreSQL's configuration: %s", exc)
+
+    def _upstream_to_tls(self) -> bool:
+        with self._state_lock:
+            upstream = self.state.upstream
+        if not upstream or not self.postmaster.alive:
+            return False
+        try:
+            self.hold("tls", wait=0)
+        except Busy:
+            return False  # an action may be re-pointing it: next time
+        try:
+            current = read_pgherd_conf(self.pgdata).get("primary_conninfo") or ""
+            if not current or "sslcert=" in current:
+                return False
+            wanted = self.conninfo(upstream)
+            if "sslcert=" not in wanted:
+                return False
+            update_pgherd_conf(self.pgdata, {"primary_conninfo": wanted})
+            log.info("%s speaks TLS now: following it by TLS", describe_upstream(upstream))
+            return True
+        finally:
+            self.release()
 
     # -- SQL on the member itself --------------------------------------------------------------------
     def local_dsn(self, user: str | None = None) -> str:
@@ -489,6 +568,17 @@ class Instance:
         """The settings files for a start in `role` (PostgreSQL stopped)."""
         self.write_passfile()
         update_pgherd_conf(self.pgdata, self.settings())
+        if self.pg_tls is not None:
+            options = self.options
+            write_hba(
+                self.pgdata,
+                hba_lines(
+                    superuser=options.superuser,
+                    replication=options.replication_role,
+                    superuser_network=options.superuser_network_access,
+                    extra=options.hba,
+                ),
+            )
         if role is StartRole.PRIMARY:
             clear_standby_config(self.pgdata)
             (self.pgdata / "recovery.signal").unlink(missing_ok=True)

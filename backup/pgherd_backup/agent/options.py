@@ -43,6 +43,13 @@ class AgentOptions:
     tls_key: Path | None = None
     tls_ca: Path | None = None
     no_tls: bool = False
+    # PostgreSQL's own TLS (agent/pgtls.py): its server certificate is --tls-cert/--tls-key, the CA
+    # --tls-ca; the replication account authenticates by its client certificate.
+    pg_tls: bool = False
+    replication_cert: Path | None = None
+    replication_key: Path | None = None
+    pg_tls_min_version: str = "TLSv1.3"
+    superuser_network_access: bool = False
     seed: str = "none"
     upstream: str | None = None
     snapshot: str | None = None
@@ -80,6 +87,25 @@ class AgentOptions:
                 "TLS needs --tls-cert and --tls-key (make them with `pgherd instance certs`); "
                 "--no-tls is for tests and the sandbox only"
             )
+        if self.pg_tls:
+            missing = [
+                flag
+                for flag, value in (
+                    ("--tls-cert", self.tls_cert),
+                    ("--tls-key", self.tls_key),
+                    ("--tls-ca", self.tls_ca),
+                    ("--replication-cert", self.replication_cert),
+                    ("--replication-key", self.replication_key),
+                    ("--replication-user", self.replication_user),
+                )
+                if not value
+            ]
+            if missing:
+                raise UsageError(f"--pg-tls needs {', '.join(missing)}")
+            if self.replication_user == self.superuser:
+                raise UsageError("--pg-tls needs a replication user other than the superuser")
+            if self.pg_tls_min_version not in ("TLSv1.2", "TLSv1.3"):
+                raise UsageError("--pg-tls-min-version: TLSv1.2 or TLSv1.3")
         if not self.cluster or not self.member:
             raise UsageError("--cluster and --member are required")
 
@@ -94,6 +120,10 @@ class AgentOptions:
     @property
     def state_file(self) -> Path:
         return self.agent_dir / "state.json"
+
+    @property
+    def tls_dir(self) -> Path:
+        return self.agent_dir / "tls"
 
     @property
     def passfile(self) -> Path:

@@ -51,6 +51,11 @@ def configure_logging(credentials: Credentials) -> None:
     root.setLevel(logging.INFO)
 
 
+# How often (seconds) the agent looks for renewed certificates: a Secret's new content reaches the
+# pod's files within the kubelet's sync period (about a minute) anyway.
+CERTIFICATE_CHECK = 10
+
+
 def run(options: AgentOptions) -> int:
     credentials = load_credentials(options)
     configure_logging(credentials)
@@ -100,9 +105,13 @@ def run(options: AgentOptions) -> int:
     signal.signal(signal.SIGINT, on_signal)
     threading.Thread(target=instance.boot, name="boot", daemon=True).start()
     reaper = OrphanReaper() if os.getpid() == 1 else None
+    ticks = 0
     while not stop.wait(1.0):
         if reaper is not None:
             reaper.reap(keep=instance.postmaster.pid)
+        ticks += 1
+        if ticks % CERTIFICATE_CHECK == 0:
+            instance.refresh_tls()
     instance.terminate()
     server.stop()
     if wal_service is not None:

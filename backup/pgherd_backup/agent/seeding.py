@@ -127,6 +127,7 @@ def _create_roles(inst: Instance) -> None:
         ensure_monitor_role(conn)
         if options.replication_role != options.superuser:
             _ensure_role(conn, options.replication_role, credentials.replication_password, "REPLICATION")
+            ensure_rewind_grants(conn, options.replication_role)
         if options.app_user:
             _ensure_role(conn, options.app_user, credentials.app_password, "")
             database = options.app_database or options.app_user
@@ -154,6 +155,36 @@ def ensure_monitor_role(conn: psycopg.Connection[Any]) -> bool:
     if created:
         log.info("created the role %s (the agent's probes read PostgreSQL as it)", MONITOR_ROLE)
     return created
+
+
+# What pg_rewind reads on its source: with these, the replication account (by its certificate) rewinds a
+# member, and the superuser need not be reachable over the network.
+_REWIND_FUNCTIONS = (
+    "pg_catalog.pg_ls_dir(text, boolean, boolean)",
+    "pg_catalog.pg_stat_file(text, boolean)",
+    "pg_catalog.pg_read_binary_file(text)",
+    "pg_catalog.pg_read_binary_file(text, bigint, bigint, boolean)",
+)
+
+
+def ensure_rewind_grants(conn: psycopg.Connection[Any], role: str) -> None:
+    """On a primary (a replica gets them by replication), idempotent."""
+    row = conn.execute(
+        "SELECT pg_is_in_recovery(), EXISTS (SELECT 1 FROM pg_roles WHERE rolname = %s)", (role,)
+    )
+    found = row.fetchone()
+    if found is None or found[0] or not found[1]:
+        return
+    with conn.transaction():
+        conn.execute("SET LOCAL synchronous_commit = local")
+        for function in _REWIND_FUNCTIONS:
+            conn.execute(
+                sql.SQL("GRANT EXECUTE ON FUNCTION " + function + " TO {}").format(sql.Identifier(role))
+            )
+        # pg_rewind's source must checkpoint first (rewind.checkpoint_source); before PostgreSQL 15
+        # only a superuser may, and a member is then re-cloned instead of rewound.
+        if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = 'pg_checkpoint'").fetchone():
+            conn.execute(sql.SQL("GRANT pg_checkpoint TO {}").format(sql.Identifier(role)))
 
 
 def _ensure_role(conn: psycopg.Connection[Any], name: str, secret: object, attributes: str) -> bool:

@@ -11,7 +11,7 @@ import ipaddress
 import os
 import ssl
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography import x509
@@ -153,11 +153,50 @@ def make_server_cert(
     return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
 
 
+def make_client_cert(
+    ca_cert_pem: bytes, ca_key_pem: bytes, user: str, *, days: int = SERVER_DAYS
+) -> tuple[bytes, bytes]:
+    """A client certificate for the PostgreSQL role `user` (its common name: what pg_hba's `cert`
+    method matches), signed by the cluster CA: (certificate PEM, key PEM)."""
+    ca_cert = x509.load_pem_x509_certificate(ca_cert_pem)
+    ca_key = serialization.load_pem_private_key(ca_key_pem, password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise ValueError("the CA key is not an ECDSA key made by `pgherd instance certs`")
+    if len(user) > _COMMON_NAME_MAX:
+        raise ValueError(f"a client certificate's user name is at most {_COMMON_NAME_MAX} characters")
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = _now()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(
+            x509.Name(
+                [
+                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, "pgherd"),
+                    x509.NameAttribute(NameOID.COMMON_NAME, user),
+                ]
+            )
+        )
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
+
+
 @dataclass(frozen=True)
 class IssuedFiles:
     ca_cert: Path
     ca_key: Path
     members: dict[str, tuple[Path, Path]]  # member -> (certificate, key)
+    clients: dict[str, tuple[Path, Path]] = field(default_factory=dict)  # user -> (certificate, key)
 
 
 def issue(
@@ -168,9 +207,11 @@ def issue(
     ips: Iterable[str] = (),
     dns: Iterable[str] = (),
     headless_service: str | None = None,
+    clients: Iterable[str] = (),
 ) -> IssuedFiles:
     """Files in `out` (0700, each 0600): `ca.crt`, `ca.key` (kept when they exist, so that members
-    added later share the CA), `<member>.crt`, `<member>.key` (made again each time)."""
+    added later share the CA), `<member>.crt`, `<member>.key` and `<user>.client.crt`,
+    `<user>.client.key` for each client user (made again each time)."""
     out.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(out, 0o700)
     ca_cert, ca_key = out / "ca.crt", out / "ca.key"
@@ -192,7 +233,14 @@ def issue(
         write_private(out / f"{member}.key", key_pem)
         write_private(out / f"{member}.crt", cert_pem)
         issued[member] = (out / f"{member}.crt", out / f"{member}.key")
-    return IssuedFiles(ca_cert, ca_key, issued)
+    client_files: dict[str, tuple[Path, Path]] = {}
+    for user in clients:
+        cert_pem, key_pem = make_client_cert(ca_cert.read_bytes(), ca_key.read_bytes(), user)
+        paths = (out / f"{user}.client.crt", out / f"{user}.client.key")
+        write_private(paths[1], key_pem)
+        write_private(paths[0], cert_pem)
+        client_files[user] = paths
+    return IssuedFiles(ca_cert, ca_key, issued, client_files)
 
 
 def server_context(cert_file: Path | str, key_file: Path | str) -> ssl.SSLContext:

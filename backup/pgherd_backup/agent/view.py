@@ -19,7 +19,7 @@ import psycopg
 
 from pgherd_backup.agent import status
 from pgherd_backup.agent.instance import Instance
-from pgherd_backup.agent.seeding import MONITOR_ROLE, ensure_monitor_role
+from pgherd_backup.agent.seeding import MONITOR_ROLE, ensure_monitor_role, ensure_rewind_grants
 from pgherd_backup.agent.supervisor import PostmasterState
 
 log = logging.getLogger("pgherd.agent")
@@ -163,6 +163,8 @@ class View:
         conn = self.inst.open_local(timeout=1, statement_timeout=1.5)  # PostgreSQL does not answer: raised
         try:
             ensure_monitor_role(conn)
+            if self.inst.options.replication_role != self.inst.options.superuser:
+                ensure_rewind_grants(conn, self.inst.options.replication_role)
         except psycopg.Error as exc:
             log.warning("could not create the role %s: %s", MONITOR_ROLE, _first_line(exc))
         try:

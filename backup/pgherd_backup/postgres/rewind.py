@@ -45,14 +45,16 @@ def _rename_aside(pgdata: Path) -> Path:
 
 def checkpoint_source(primary_dsn: str) -> None:
     """A freshly promoted primary records its new timeline in pg_control only at its next
-    checkpoint; until then pg_rewind sees one timeline and wrongly says no rewind is required."""
+    checkpoint; until then pg_rewind sees one timeline and wrongly says no rewind is required: without
+    that CHECKPOINT no rewind is tried (PostgresError: the caller re-clones instead)."""
     import psycopg
 
     try:
         with psycopg.connect(primary_dsn, autocommit=True, connect_timeout=10) as conn:
             conn.execute("CHECKPOINT")
     except psycopg.Error as exc:
-        log.warning("could not run CHECKPOINT on the primary before pg_rewind: %s", exc)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise PostgresError(f"could not run CHECKPOINT on the primary before pg_rewind: {first}") from None
 
 
 def rewind(pgdata: Path, primary_dsn: str, *, bins: PgBinaries, use_archive: bool) -> str:

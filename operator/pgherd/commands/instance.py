@@ -75,6 +75,21 @@ def _register_run(commands: argparse._SubParsersAction[argparse.ArgumentParser])
         default=_env_bool("--no-tls"),
         help="plain HTTP (tests and the local sandbox only; the token then travels in clear text)",
     )
+    group.add_argument(
+        "--pg-tls",
+        action="store_true",
+        default=_env_bool("--pg-tls"),
+        help="PostgreSQL's TLS: --tls-cert/--tls-key serve it, --tls-ca verifies; hostssl pg_hba only",
+    )
+    add("--replication-cert", kind=Path, help="with --pg-tls: the replication user's client certificate")
+    add("--replication-key", kind=Path, help="its private key")
+    add("--pg-tls-min-version", default="TLSv1.3", help="with --pg-tls: TLSv1.2 or TLSv1.3 (default)")
+    group.add_argument(
+        "--superuser-network-access",
+        action="store_true",
+        default=_env_bool("--superuser-network-access"),
+        help="with --pg-tls: the superuser may log in over TLS with its password (default: Unix socket only)",
+    )
     add("--ready-lag-bytes", kind=int, default=16 << 20, help="/readyz: most replay lag of a ready replica")
 
     group = p.add_argument_group("PostgreSQL")
@@ -140,6 +155,13 @@ def _register_certs(commands: argparse._SubParsersAction[argparse.ArgumentParser
     p.add_argument("--ip", action="append", default=[], help="an IP address for the certificates (repeat)")
     p.add_argument("--dns", action="append", default=[], help="a DNS name for the certificates (repeat)")
     p.add_argument("--headless-service", help="adds <member>.<service> (give <service>.<namespace> for .svc)")
+    p.add_argument(
+        "--client",
+        action="append",
+        default=[],
+        metavar="USER",
+        help="a PostgreSQL role to make a client certificate for, <USER>.client.crt (repeat)",
+    )
     p.set_defaults(func=_certs)
 
 
@@ -178,6 +200,11 @@ def _run(args: argparse.Namespace) -> int:
             tls_key=args.tls_key,
             tls_ca=args.tls_ca,
             no_tls=args.no_tls,
+            pg_tls=args.pg_tls,
+            replication_cert=args.replication_cert,
+            replication_key=args.replication_key,
+            pg_tls_min_version=args.pg_tls_min_version,
+            superuser_network_access=args.superuser_network_access,
             seed=args.seed,
             upstream=args.upstream,
             snapshot=args.snapshot,
@@ -215,7 +242,13 @@ def _certs(args: argparse.Namespace) -> int:
     from pgherd_backup.agent.tls import issue, write_private
 
     issued = issue(
-        args.out, args.cluster, args.member, ips=args.ip, dns=args.dns, headless_service=args.headless_service
+        args.out,
+        args.cluster,
+        args.member,
+        ips=args.ip,
+        dns=args.dns,
+        headless_service=args.headless_service,
+        clients=args.client,
     )
     secrets = {}
     for name in ("token", "superuser-password", "replication-password"):
@@ -231,6 +264,7 @@ def _certs(args: argparse.Namespace) -> int:
         "ca": str(issued.ca_cert),
         "caKey": str(issued.ca_key),
         "members": {m: {"cert": str(c), "key": str(k)} for m, (c, k) in issued.members.items()},
+        "clients": {u: {"cert": str(c), "key": str(k)} for u, (c, k) in issued.clients.items()},
         **secrets,
     }
     print(json.dumps(summary, indent=2))
