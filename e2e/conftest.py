@@ -21,6 +21,54 @@ from e2e.workload import ensure_table
 
 DRIVER_ENV = "PGHERD_E2E_DRIVER"
 CREATE_TIMEOUT = 300.0
+E2E_DIR = Path(__file__).parent
+# Tests that judge the whole session (the audit log of every scenario): run after all the others.
+SESSION_END = "session_end"
+# Why this run is not the whole suite (a file or a test chosen, some deselected), or None.
+NOT_WHOLE_SUITE = pytest.StashKey[str | None]()
+DESELECTED = pytest.StashKey[int]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{SESSION_END}: runs after every other test of the session")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    last = [item for item in items if item.get_closest_marker(SESSION_END)]
+    items[:] = [item for item in items if not item.get_closest_marker(SESSION_END)] + last
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    if items:
+        stash = items[0].config.stash
+        stash[DESELECTED] = stash.get(DESELECTED, 0) + len(items)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    suite = {path.name for path in E2E_DIR.glob("test_*.py")}
+    collected = {Path(str(item.path)).name for item in session.items}
+    missing = sorted(suite - collected)
+    deselected = session.config.stash.get(DESELECTED, 0)
+    reason = None
+    if missing:
+        reason = (
+            f"{len(missing)} of the {len(suite)} e2e modules were not collected ({', '.join(missing[:4])}...)"
+        )
+    elif deselected:
+        reason = f"{deselected} e2e tests were deselected"
+    session.config.stash[NOT_WHOLE_SUITE] = reason
+
+
+@pytest.fixture
+def whole_suite(request: pytest.FixtureRequest) -> None:
+    """Skips the test unless this session ran the whole e2e suite and none of its tests failed: what the
+    session did not run, it cannot have shown."""
+    reason = request.config.stash.get(NOT_WHOLE_SUITE, "the collection was not seen")
+    if reason is not None:
+        pytest.skip(f"not the whole e2e suite: {reason}; this check judges a run of all of them (pytest e2e)")
+    if request.session.testsfailed:
+        pytest.skip(f"{request.session.testsfailed} e2e tests failed: what they would have done is unknown")
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -11,7 +11,9 @@ Failed after backup.jobStartTimeoutSeconds, and one whose pod waits but starts i
 Restore in place with the operator restarted in the middle; Restores refused (a Failed Backup; a Backup
 expired by retention); a rollout (a restart parameter), replicas first and the old primary last; scale
 3 -> 5 -> 3 (spec.instances up, the scale subresource down); the primary's pod deleted (switched over
-before its PostgreSQL stops); finally every request of the operator granted by the chart's RBAC.
+before its PostgreSQL stops); one instance (its budget deleted) asked for a larger volume (refused by
+the StorageClass, reported); finally every request of the operator granted by the chart's RBAC, and,
+at the end of a run of the whole suite, every right the chart grants used by some scenario.
 """
 
 from __future__ import annotations
@@ -28,16 +30,16 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
 import pytest
 
-from e2e import manifests
+from e2e import manifests, rbac
 from e2e.checks import execute, query
 from e2e.driver import DriverError, NewCluster
 from e2e.drivers.kube import S3_SECRET, KubeDriver
+from e2e.drivers.localkube import LocalKube, LocalKubeDriver
 
 DRIVER = os.environ.get("PGHERD_E2E_DRIVER", "local")
 pytestmark = [
@@ -210,18 +212,17 @@ class Bed:
 
     def audit(self) -> list[dict[str, Any]] | None:
         """Every completed request in the API server's audit log (localkube), else None."""
-        localkube = getattr(self.driver, "localkube", None)
+        localkube: LocalKube | None = getattr(self.driver, "localkube", None)
         if localkube is None:
             return None
-        log = Path(localkube.dir) / "audit.log"
-        return [
-            event
-            for line in log.read_text().splitlines()
-            if line.strip() and (event := json.loads(line)).get("stage") == "ResponseComplete"
-        ]
+        return [e for e in localkube.audit_events() if e.get("stage") == "ResponseComplete"]
 
     def operator_user(self) -> str:
-        return f"system:serviceaccount:{self.driver.operator_namespace}:{self.driver.release}"
+        return operator_user(self.driver.operator_namespace, self.driver.release)
+
+
+def operator_user(namespace: str, account: str) -> str:
+    return f"system:serviceaccount:{namespace}:{account}"
 
 
 @pytest.fixture(scope="module")
@@ -702,14 +703,38 @@ def test_a_deleted_primary_pod_is_switched_over_before_its_postgres_stops(bed: B
     assert (4,) in bed.sql(after["currentPrimary"], "SELECT id FROM marks")
 
 
+def test_one_member_has_no_budget_and_a_larger_volume_is_asked_for(bed: Bed) -> None:
+    """Scaled to one instance, the cluster's PodDisruptionBudget is deleted (any budget would block every
+    drain of its node). A larger spec.storage.size makes the operator ask for each volume to grow:
+    local-path's StorageClass cannot expand, the API server refuses, an Event says so, and the cluster
+    stays Running on its volume as it is."""
+    bed.wait_settled()
+    assert bed.read("poddisruptionbudgets", NAME) is not None
+    bed.merge("postgresclusters.pgherd.io", NAME, {"spec": {"instances": 1}})
+    status = bed.wait_settled(1, timeout=300)
+    eventually(lambda: bed.read("poddisruptionbudgets", NAME) is None, 120, "the budget deleted")
+    (member,) = [m["name"] for m in status["members"]]
+    bed.merge("postgresclusters.pgherd.io", NAME, {"spec": {"storage": {"size": "2Gi"}}})
+    refused = eventually(
+        lambda: [e for e in bed.events("VolumeExpansionRefused") if f"pgdata-{member}" in e.get("note", "")],
+        120,
+        "the refused expansion reported",
+    )
+    assert "2Gi" in refused[0]["note"], refused[0]
+    pvc = bed.read("persistentvolumeclaims", f"pgdata-{member}")
+    assert pvc is not None and pvc["spec"]["resources"]["requests"]["storage"] == "1Gi"
+    assert bed.wait_settled(1)["phase"] == "Running"
+
+
 def test_every_request_of_the_operator_is_granted_by_the_chart(bed: Bed) -> None:
     """Everything above (members, labels, pods, Jobs, Backups, Restores, Events, scale), as the API
-    server's audit log recorded it: no request of the operator's ServiceAccount was forbidden."""
-    events = bed.audit()
-    if events is None:
+    server's audit log recorded it: no request of the operator's ServiceAccount was forbidden, and each
+    is one the rules bound to it grant."""
+    localkube: LocalKube | None = getattr(bed.driver, "localkube", None)
+    if localkube is None:
         pytest.skip("this driver's API server keeps no audit log (localkube's does)")
-    mine = [e for e in events if e["user"]["username"] == bed.operator_user()]
-    kinds = {((e.get("objectRef") or {}).get("resource"), e["verb"]) for e in mine}
+    mine = rbac.requests_of(bed.operator_user(), localkube.audit_events())
+    kinds = {(r.resource.partition("/")[0], r.verb) for r in mine}
     wanted = {
         ("pods", "patch"),
         ("pods", "delete"),
@@ -717,13 +742,30 @@ def test_every_request_of_the_operator_is_granted_by_the_chart(bed: Bed) -> None
         ("restores", "patch"),
         ("leases", "update"),
     }
-    assert wanted <= kinds, sorted(k for k in kinds if k[0])
+    assert wanted <= kinds, sorted(kinds)
     # Denied by authorization (RBAC), not a 403 of admission: a Backup the schedule creates while a
     # finished scenario's namespace is being deleted is refused by NamespaceLifecycle, allowed by RBAC.
-    forbidden = [
-        (e["verb"], e.get("requestURI"), e["responseStatus"].get("message"))
-        for e in mine
-        if e["responseStatus"]["code"] == 403
-        and (e.get("annotations") or {}).get("authorization.k8s.io/decision") != "allow"
-    ]
-    assert forbidden == [], "requests the chart does not grant:\n" + "\n".join(map(str, forbidden))
+    assert rbac.refused(mine) == [], "requests the chart does not grant:\n" + "\n".join(rbac.refused(mine))
+    grants = localkube.grants_of_service_account(bed.driver.operator_namespace, bed.driver.release)
+    assert rbac.ungranted(mine, grants) == [], "\n".join(rbac.ungranted(mine, grants))
+
+
+@pytest.mark.session_end
+def test_every_right_the_chart_grants_was_used_by_the_suite(whole_suite: None) -> None:
+    """The other way round, at the end of a run of the whole suite: every verb of every rule bound to the
+    operator's ServiceAccount was used by some request of the session (a right no scenario needs is one
+    to take away), and again, no request of the session was refused."""
+    localkube = LocalKubeDriver.session_cluster()
+    if localkube is None:
+        pytest.skip("no localkube cluster in this session: the audit log is localkube's")
+    operator = localkube.state.get("operator") or {}
+    namespace, account = str(operator.get("namespace")), str(operator.get("release"))
+    mine = rbac.requests_of(operator_user(namespace, account), localkube.audit_events())
+    grants = localkube.grants_of_service_account(namespace, account)
+    assert grants, f"no rule is bound to {namespace}/{account}"
+    assert rbac.refused(mine) == [], "refused:\n" + "\n".join(rbac.refused(mine))
+    unused = rbac.unused(grants, mine, localkube.admission_plugins())
+    assert unused == [], (
+        "rights the chart grants that no request of the whole suite used (take them away, or add the"
+        " scenario that needs them):\n" + "\n".join(unused)
+    )

@@ -51,6 +51,7 @@ from e2e.drivers.kube import (
     kubectl_binary,
     store_at,
 )
+from e2e.rbac import Grant, bound_grants
 
 UP_TIMEOUT = 1800.0  # a cold start builds the image
 RW_ROUTE_WAIT = 20.0
@@ -108,6 +109,40 @@ class LocalKube:
             )
         return cluster
 
+    def audit_events(self) -> list[dict[str, Any]]:
+        """Every entry of the API server's audit log (DIR/audit.log: every request, Metadata level)."""
+        with open(self.dir / "audit.log") as log:
+            return [json.loads(line) for line in log if line.strip()]
+
+    def admission_plugins(self) -> list[str]:
+        """The admission plugins the running kube-apiserver was started with on top of the defaults."""
+        pid = int((self.state.get("processes") or {}).get("kube-apiserver", {}).get("pid") or 0)
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return []
+        flags = [a.decode() for a in argv]
+        for i, flag in enumerate(flags[:-1]):
+            if flag == "--enable-admission-plugins":
+                return flags[i + 1].split(",")
+        return []
+
+    def grants_of_service_account(self, namespace: str, name: str) -> set[Grant]:
+        """What RBAC grants the ServiceAccount, read from the cluster's bindings and roles."""
+
+        def items(*resource: str) -> list[dict[str, Any]]:
+            result = subprocess.run(
+                [kubectl_binary(), "--kubeconfig", str(self.kubeconfig), "get", *resource, "-o", "json"],
+                capture_output=True, text=True, timeout=60, check=True,
+            )  # fmt: skip
+            found: list[dict[str, Any]] = json.loads(result.stdout)["items"]
+            return found
+
+        cluster_roles = {r["metadata"]["name"]: r for r in items("clusterroles")}
+        roles = {(r["metadata"]["namespace"], r["metadata"]["name"]): r for r in items("roles", "-A")}
+        bindings = items("clusterrolebindings") + items("rolebindings", "-A")
+        return bound_grants((namespace, name), bindings, cluster_roles, roles)
+
     def down(self) -> None:
         if self.owned:
             subprocess.run(
@@ -122,6 +157,11 @@ class LocalKube:
 class LocalKubeDriver(KubeDriver):
     name = "localkube"
     _cluster: ClassVar[LocalKube | None] = None
+
+    @classmethod
+    def session_cluster(cls) -> LocalKube | None:
+        """The session's localkube cluster, once a scenario has brought it up or found it."""
+        return cls._cluster
 
     def __init__(self, workdir: Path, cluster: str) -> None:
         if LocalKubeDriver._cluster is None:

@@ -22,6 +22,11 @@ rules:
 - level: Metadata
 """
 
+# On top of the defaults (PodSecurity among them): NodeRestriction, as every kubeadm cluster, and
+# OwnerReferencesPermissionEnforcement, as OpenShift: an owner reference with blockOwnerDeletion needs
+# `update` of the owner's finalizers, the one right of the operator's that no request of its own uses.
+ADMISSION_PLUGINS = ("NodeRestriction", "OwnerReferencesPermissionEnforcement")
+
 
 def etcd(
     layout: Layout, settings: Settings, bin_dir: Path, *, fsync: bool = True, die_with_parent: bool = False
@@ -54,7 +59,7 @@ def etcd(
 def apiserver(layout: Layout, settings: Settings, bin_dir: Path, *, die_with_parent: bool = False) -> Process:
     """Bound to the node address only: pods reach it through the `kubernetes` Service, whose endpoint
     cannot be a loopback address. RBAC and Node authorization, ServiceAccount tokens, the default
-    admission plugins plus NodeRestriction, the audit log of every request.
+    admission plugins plus ADMISSION_PLUGINS, the audit log of every request.
 
     With ``settings.api_bind`` (a control plane without a node, apiserver_only.py): bound there
     (127.0.0.1) and advertising it, with no endpoint reconciler. A loopback advertise address alone is
@@ -74,7 +79,7 @@ def apiserver(layout: Layout, settings: Settings, bin_dir: Path, *, die_with_par
         "--tls-cert-file", str(pki / "apiserver.crt"), "--tls-private-key-file", str(pki / "apiserver.key"),
         "--client-ca-file", str(pki / "ca.crt"),
         "--authorization-mode", "Node,RBAC",
-        "--enable-admission-plugins", "NodeRestriction",
+        "--enable-admission-plugins", ",".join(ADMISSION_PLUGINS),
         "--allow-privileged=true",
         "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
         "--service-account-key-file", str(pki / "sa.pub"),

@@ -50,7 +50,13 @@ Grant = tuple[str, str, str, tuple[str, ...]]
 SCENARIOS: dict[str, list[str]] = {
     "defaults": [],
     "full": ["--values", str(FULL_VALUES)],
-    "cluster-rbac-some-namespaces": ["--set", "watchNamespaces={databases}", "--set", "replicas=3"],
+    "roles-by-default-some-namespaces": ["--set", "watchNamespaces={databases}", "--set", "replicas=3"],
+    "cluster-rbac-some-namespaces": [
+        "--set",
+        "watchNamespaces={databases}",
+        "--set",
+        "rbac.namespaced=false",
+    ],
     "existing-account-no-rbac": [
         "--set",
         "serviceAccount.create=false",
@@ -451,13 +457,54 @@ def test_namespaced_rbac_stays_in_watched_namespaces(rendered: dict[str, list[Ob
     assert {grant[1] for grant in grants(cluster_role["rules"])} <= cluster_scoped
 
 
+def test_watched_namespaces_get_roles_unless_opted_out(rendered: dict[str, list[Obj]]) -> None:
+    """Namespaced Roles are the default as soon as watchNamespaces is set; rbac.namespaced=false opts out,
+    and an operator serving every namespace has a ClusterRole whatever rbac.namespaced says."""
+    by_default = rendered["roles-by-default-some-namespaces"]
+    assert [role["metadata"]["namespace"] for role in namespaced_roles(by_default)] == ["databases"]
+    assert {grant[1] for grant in grants(the_one(by_default, "ClusterRole")["rules"])} <= {
+        "customresourcedefinitions",
+        "namespaces",
+    }
+    opted_out = rendered["cluster-rbac-some-namespaces"]
+    assert namespaced_roles(opted_out) == []
+    documented = documented_grants()
+    assert documented[NAMESPACED_SECTION] <= grants(the_one(opted_out, "ClusterRole")["rules"])
+    assert load_values()["rbac"]["namespaced"] is True
+    assert namespaced_roles(rendered["defaults"]) == []  # every namespace: a ClusterRole
+
+
+def test_namespaced_true_without_namespaces_renders_a_cluster_role(helm: str) -> None:
+    objects = render(helm, "--set", "rbac.namespaced=true")
+    assert namespaced_roles(objects) == []
+    assert documented_grants()[NAMESPACED_SECTION] <= grants(the_one(objects, "ClusterRole")["rules"])
+
+
+# The operator's requests on Secrets (operator/pgherd/kube/objects.py): created once, read back by name.
+SECRET_VERBS = {"get", "create"}
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_secrets_are_only_read_and_created(rendered: dict[str, list[Obj]], scenario: str) -> None:
+    """No list or watch (which would hand over every Secret's content at once), no patch, no delete."""
+    for role in roles(rendered[scenario]):
+        verbs = {
+            verb for group, resource, verb, _ in grants(role["rules"]) if (group, resource) == ("", "secrets")
+        }
+        assert verbs in (set(), SECRET_VERBS), (role["kind"], role["metadata"]["name"], sorted(verbs))
+
+
 def test_rbac_covers_exactly_the_pgherd_kinds(rendered: dict[str, list[Obj]]) -> None:
     plurals = [module.PLURAL for module in (cluster, backup, restore)]
-    expected = {f"{plural}{sub}" for plural in plurals for sub in ("", "/status", "/finalizers")}
+    # finalizers of the clusters alone: the one owner whose references block deletion (docs/rbac.md).
+    expected = {f"{plural}{sub}" for plural in plurals for sub in ("", "/status")} | {
+        f"{cluster.PLURAL}/finalizers"
+    }
     granted = grants(the_one(rendered["defaults"], "ClusterRole")["rules"])
     assert {resource for group, resource, _, _ in granted if group == GROUP} == expected
-    crd_names = {names for group, resource, verb, names in granted if resource == "customresourcedefinitions"}
-    assert tuple(sorted(f"{plural}.{GROUP}" for plural in plurals)) in crd_names
+    # CRDs are only listed and watched (kopf's discovery of the served kinds), never read one by one.
+    crd_verbs = {verb for group, resource, verb, _ in granted if resource == "customresourcedefinitions"}
+    assert crd_verbs == {"list", "watch"}
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -500,7 +547,6 @@ def test_values_schema_refuses(helm: str, name: str) -> None:
 
 
 REFUSED_COMBINATIONS: dict[str, tuple[list[str], str]] = {
-    "namespaced RBAC without namespaces": (["--set", "rbac.namespaced=true"], "rbac.namespaced=true needs"),
     "budget that blocks every eviction": (
         ["--set", "replicas=2", "--set", "podDisruptionBudget.minAvailable=2"],
         "must be lower than replicas",

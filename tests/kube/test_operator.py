@@ -544,6 +544,28 @@ def test_every_request_is_granted_by_the_chart(
     assert ungranted == [], "requests the chart's rules do not grant:\n" + "\n".join(ungranted)
 
 
+def test_without_the_finalizers_right_admission_refuses_the_owned_objects(
+    kube: Kube, namespace: str, chart_operator_factory: Callable[..., ChartIdentity], audit: AuditLog
+) -> None:
+    """The one right of the chart that no request uses: with OwnerReferencesPermissionEnforcement on (as
+    here, and on OpenShift), an owner reference with blockOwnerDeletion needs `update` of the owner's
+    finalizers. Without it the API server's admission refuses every object the operator makes."""
+
+    def without_finalizers(docs: list[JSON]) -> None:
+        for role in (d for d in docs if d["kind"] in ("ClusterRole", "Role")):
+            role["rules"] = [r for r in role["rules"] if "postgresclusters/finalizers" not in r["resources"]]
+
+    identity = chart_operator_factory(edit=without_finalizers, refusals=True)
+    ns = namespace
+    kube.create(cluster_manifest(ns))
+    with running_as(identity):
+        eventually(lambda: cluster_in_phase(kube, ns, "Failed"), what="phase Failed")
+    audit.fence()
+    refused = [e for e in audit.of(identity.user) if e.verb == "create" and e.code == 403]
+    assert refused, "no create was refused"
+    assert all("cannot set blockOwnerDeletion" in e.message for e in refused), [e.message for e in refused]
+
+
 def test_a_rule_taken_from_the_chart_shows_as_refused_requests(
     kube: Kube, namespace: str, chart_operator_factory: Callable[..., ChartIdentity], audit: AuditLog
 ) -> None:
@@ -552,8 +574,9 @@ def test_a_rule_taken_from_the_chart_shows_as_refused_requests(
     ungranted; the cluster reports the failure."""
 
     def without_budgets(docs: list[JSON]) -> None:
-        (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
-        role["rules"] = [r for r in role["rules"] if "poddisruptionbudgets" not in r["resources"]]
+        # The Role of the watched namespace (watchNamespaces set: Roles by default) holds the rules.
+        for role in (d for d in docs if d["kind"] in ("ClusterRole", "Role")):
+            role["rules"] = [r for r in role["rules"] if "poddisruptionbudgets" not in r["resources"]]
 
     identity = chart_operator_factory(edit=without_budgets, refusals=True)
     ns = namespace

@@ -79,56 +79,65 @@ Refuse configurations that render but cannot work. values.schema.json refuses mo
 these messages are the ones a person sees when the schema cannot express the rule.
 */}}
 {{- define "pgherd.validate" -}}
-{{- if and .Values.rbac.namespaced (empty .Values.watchNamespaces) }}
-{{- fail "rbac.namespaced=true needs watchNamespaces: the Roles are created in each watched namespace, and an operator watching all namespaces needs a ClusterRole" }}
-{{- end }}
 {{- if and .Values.podDisruptionBudget.enabled (gt (int .Values.replicas) 1) (ge (int .Values.podDisruptionBudget.minAvailable) (int .Values.replicas)) }}
 {{- fail (printf "podDisruptionBudget.minAvailable (%d) must be lower than replicas (%d), or no operator pod could ever be evicted and node drains would hang" (int .Values.podDisruptionBudget.minAvailable) (int .Values.replicas)) }}
 {{- end }}
 {{- end }}
 
 {{/*
-The rights the operator needs on namespaced objects, in the watched namespaces (a ClusterRole, or
-a Role per watched namespace with rbac.namespaced). Every rule is explained in docs/rbac.md, and
+The rights the operator needs on namespaced objects, in the watched namespaces (a ClusterRole, or a
+Role per watched namespace): exactly the verbs it uses, each one seen in the API server's audit log of
+the e2e suite (e2e/test_kube_operations.py checks both ways). docs/rbac.md explains every rule, and
 tests/chart checks the two agree.
 */}}
 {{- define "pgherd.namespacedRules" -}}
 - apiGroups: ["pgherd.io"]
   resources: ["postgresclusters", "backups", "restores"]
-  verbs: ["get", "list", "watch", "patch", "update"]
+  verbs: ["list", "watch"]
+- apiGroups: ["pgherd.io"]
+  resources: ["postgresclusters"]
+  verbs: ["get", "patch"]
 - apiGroups: ["pgherd.io"]
   resources: ["backups"]
-  verbs: ["create"]
+  verbs: ["get", "create"]
 - apiGroups: ["pgherd.io"]
   resources: ["postgresclusters/status", "backups/status", "restores/status"]
-  verbs: ["get", "patch", "update"]
+  verbs: ["patch"]
 - apiGroups: ["pgherd.io"]
-  resources: ["postgresclusters/finalizers", "backups/finalizers", "restores/finalizers"]
+  resources: ["postgresclusters/finalizers"]
   verbs: ["update"]
 - apiGroups: ["apps"]
   resources: ["statefulsets"]
-  verbs: ["create", "get", "list", "watch", "patch", "delete"]
+  verbs: ["create", "get", "list", "watch", "patch"]
 - apiGroups: [""]
-  resources: ["services", "configmaps", "secrets", "serviceaccounts"]
-  verbs: ["create", "get", "list", "watch", "patch", "delete"]
+  resources: ["services", "configmaps", "serviceaccounts"]
+  verbs: ["create", "patch"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "create"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["create", "get", "list", "watch", "patch", "delete"]
+  verbs: ["create", "get", "patch", "delete"]
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["create", "get", "list", "watch", "delete"]
+  verbs: ["create", "list", "watch", "delete"]
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "patch", "delete"]
+  verbs: ["list", "watch", "patch", "delete"]
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
-  verbs: ["get", "list", "watch", "patch", "delete"]
-- apiGroups: [""]
-  resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["list", "watch", "patch", "delete"]
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
+{{- end }}
+
+{{/*
+Roles in each watched namespace instead of a ClusterRole: the default whenever watchNamespaces is set
+(rbac.namespaced: false keeps one ClusterRole). An operator serving all namespaces needs a ClusterRole.
+*/}}
+{{- define "pgherd.rbacNamespaced" -}}
+{{- if and .Values.rbac.namespaced .Values.watchNamespaces }}true{{ end }}
 {{- end }}
 
 {{/*
@@ -138,10 +147,6 @@ Rights on cluster-scoped objects: always a ClusterRole.
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
-- apiGroups: ["apiextensions.k8s.io"]
-  resources: ["customresourcedefinitions"]
-  resourceNames: ["postgresclusters.pgherd.io", "backups.pgherd.io", "restores.pgherd.io"]
-  verbs: ["get"]
 {{- if .Values.watchNamespaces }}
 - apiGroups: [""]
   resources: ["namespaces"]
