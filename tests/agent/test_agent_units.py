@@ -146,7 +146,7 @@ def test_parameters_files(tmp_path):
         "max_connections": "50",
     }
     path.write_text("port = 5433\n")
-    with pytest.raises(UsageError, match="set by pgherd"):
+    with pytest.raises(UsageError, match="owned by the operator"):
         read_parameters(path)
     path.write_text("= nothing\n")
     with pytest.raises(UsageError, match="name = value"):
