@@ -245,6 +245,7 @@ def test_the_command_reads_the_variables_this_test_knows() -> None:
         "POD_NAMESPACE",
         "POD_NAME",
         "PGHERD_POSTGRES_IMAGE",
+        "PGHERD_OPERATOR_POD_LABELS",
     } <= read_env_names()
 
 
@@ -253,7 +254,13 @@ def test_the_deployment_sets_what_the_command_reads(rendered: dict[str, list[Obj
     env = pod_env(operator_container(rendered[scenario]))
     missing = read_env_names() - OPTIONAL_ENV - set(env)
     assert not missing, f"`pgherd operator` reads {sorted(missing)}, which the Deployment does not set"
-    for name in ("PGHERD_LEADER_ELECTION_LEASE", "POD_NAMESPACE", "POD_NAME", "PGHERD_POSTGRES_IMAGE"):
+    for name in (
+        "PGHERD_LEADER_ELECTION_LEASE",
+        "POD_NAMESPACE",
+        "POD_NAME",
+        "PGHERD_POSTGRES_IMAGE",
+        "PGHERD_OPERATOR_POD_LABELS",
+    ):
         assert env.get(name), f"{name} is empty"
 
 
@@ -277,6 +284,20 @@ def test_leader_election_reads_the_chart_lease_in_the_release_namespace(
         assert role["metadata"]["namespace"] == election.namespace
         named = [rule["resourceNames"] for rule in role["rules"] if rule.get("resourceNames")]
         assert named == [[election.name]], "the Role must grant the very Lease the command uses"
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_the_operator_knows_its_own_pods(rendered: dict[str, list[Obj]], scenario: str) -> None:
+    """The members' NetworkPolicy admits the agents' port from the pods the command says are the
+    operator's: they must be this Deployment's pods, in the release namespace."""
+    objects = rendered[scenario]
+    with environment(pod_env(operator_container(objects))):
+        pods = operator_command.operator_pods_from_env()
+    assert pods is not None
+    assert pods.namespace == NAMESPACE
+    template = deployment(objects)["spec"]
+    assert dict(pods.labels) == template["selector"]["matchLabels"]
+    assert dict(pods.labels).items() <= template["template"]["metadata"]["labels"].items()
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)

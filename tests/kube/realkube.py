@@ -54,6 +54,7 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "statefulsets": ("/apis/apps/v1", "StatefulSet", True),
     "jobs": ("/apis/batch/v1", "Job", True),
     "poddisruptionbudgets": ("/apis/policy/v1", "PodDisruptionBudget", True),
+    "networkpolicies": ("/apis/networking.k8s.io/v1", "NetworkPolicy", True),
     "leases": ("/apis/coordination.k8s.io/v1", "Lease", True),
     "roles": ("/apis/rbac.authorization.k8s.io/v1", "Role", True),
     "rolebindings": ("/apis/rbac.authorization.k8s.io/v1", "RoleBinding", True),

@@ -30,8 +30,9 @@ from pgherd.commands import instance as instance_command
 from pgherd.engine.revision import spec_revision
 from pgherd.kube import names
 from pgherd.kube.builders import configmap as cm
-from pgherd.kube.builders import jobs, pdb, secrets, serviceaccount, services, statefulset
+from pgherd.kube.builders import jobs, networkpolicy, pdb, secrets, serviceaccount, services, statefulset
 from pgherd.kube.builders.common import ClusterRef, resolve_image
+from pgherd.kube.builders.networkpolicy import OperatorPods
 from pgherd_backup import cli as backup_cli
 from pgherd_backup.agent.auth import Verdict, check_bearer
 from pgherd_backup.agent.options import AgentOptions, read_parameters
@@ -69,8 +70,31 @@ FULL_SPEC: dict[str, Any] = {
         "retention": {"keepLast": 7, "keepWithin": "14d"},
         "compression": "lz4",
     },
+    "networkPolicy": {
+        "clients": [
+            {
+                "namespaceSelector": {"matchLabels": {"team": "shop"}},
+                "podSelector": {"matchLabels": {"app": "web"}},
+            },
+            {
+                "podSelector": {
+                    "matchExpressions": [{"key": "tier", "operator": "In", "values": ["api", "batch"]}]
+                }
+            },
+            {"ipBlock": {"cidr": "10.20.0.0/16", "except": ["10.20.9.0/24"]}},
+        ]
+    },
 }
 MINIMAL_SPEC: dict[str, Any] = {"instances": 1}
+# The chart's operator: its namespace and its Deployment's selector labels.
+OPERATOR = OperatorPods(
+    "pgherd-system",
+    {
+        "app.kubernetes.io/name": "pgherd",
+        "app.kubernetes.io/instance": "pgherd",
+        "app.kubernetes.io/component": "operator",
+    },
+)
 
 
 def make_ref(spec: Mapping[str, Any], name: str = "demo") -> ClusterRef:
@@ -125,6 +149,9 @@ def non_secret_objects(ref: ClusterRef) -> list[dict[str, Any]]:
     budget = pdb.pdb(ref)
     if budget is not None:
         objects.append(budget)
+    policy = networkpolicy.network_policy(ref, OPERATOR)
+    if policy is not None:
+        objects.append(policy)
     if ref.spec.backup is not None and ref.spec.backup.store is not None:
         objects.append(jobs.snapshot_job(ref, "demo-nightly", "10.1.2.3", backup_uid=UID))
         objects.append(jobs.prune_job(ref, "20250131t030000", 7, "14d"))
@@ -171,6 +198,7 @@ def test_every_object_validates_strictly(version: str, full: ClusterRef, minimal
         "ConfigMap",
         "ServiceAccount",
         "PodDisruptionBudget",
+        "NetworkPolicy",
         "Job",
         "Secret",
     }
@@ -231,6 +259,7 @@ def test_object_names_follow_names_py(full: ClusterRef, secret_data):
         ("ConfigMap", "demo-config"),
         ("ServiceAccount", "demo-postgres"),
         ("PodDisruptionBudget", "demo"),
+        ("NetworkPolicy", "demo"),
         ("Job", "demo-nightly-snapshot"),
         ("Job", "demo-prune-20250131t030000"),
         ("Secret", "demo-superuser"),
@@ -709,6 +738,94 @@ def test_the_budget_keeps_a_majority(instances: int):
     assert budget["spec"]["minAvailable"] == expected
     assert budget["spec"]["minAvailable"] * 2 > instances
     assert budget["spec"]["selector"] == {"matchLabels": names.selector_labels("demo")}
+
+
+# --- NetworkPolicy -----------------------------------------------------------------------------------
+
+
+def matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """metav1.LabelSelector semantics, for the checks below."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expression in selector.get("matchExpressions") or []:
+        key, operator, values = expression["key"], expression["operator"], expression.get("values") or []
+        present = key in labels
+        if (
+            (operator == "In" and (not present or labels[key] not in values))
+            or (operator == "NotIn" and present and labels[key] in values)
+            or (operator == "Exists" and not present)
+            or (operator == "DoesNotExist" and present)
+        ):
+            return False
+    return True
+
+
+def ingress_by_port(policy: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
+    rules: dict[int, dict[str, Any]] = {}
+    for rule in policy["spec"]["ingress"]:
+        (port,) = rule["ports"]
+        assert port["protocol"] == "TCP"
+        rules[port["port"]] = rule
+    return rules
+
+
+def test_the_network_policy_selects_the_members_and_admits_ingress_only(minimal: ClusterRef):
+    policy = networkpolicy.network_policy(minimal, OPERATOR)
+    assert policy is not None
+    member_labels = statefulset.statefulset(minimal)["spec"]["template"]["metadata"]["labels"]
+    assert matches(policy["spec"]["podSelector"], member_labels)
+    assert policy["spec"]["podSelector"] == {"matchLabels": names.selector_labels("solo")}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]  # the members' own connections are not limited
+    assert set(ingress_by_port(policy)) == {names.AGENT_PORT, names.POSTGRES_PORT}  # no metrics port yet
+
+
+def test_the_agent_port_admits_the_operator_pods_alone(minimal: ClusterRef):
+    policy = networkpolicy.network_policy(minimal, OPERATOR)
+    assert policy is not None
+    (peer,) = ingress_by_port(policy)[names.AGENT_PORT]["from"]
+    assert peer == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "pgherd-system"}},
+        "podSelector": {"matchLabels": dict(OPERATOR.labels)},
+    }
+    # An operator that does not know its pods (run outside the chart) must still reach the agents.
+    unknown = networkpolicy.network_policy(minimal, None)
+    assert unknown is not None
+    assert "from" not in ingress_by_port(unknown)[names.AGENT_PORT]
+
+
+def test_postgres_admits_anyone_by_default(minimal: ClusterRef):
+    policy = networkpolicy.network_policy(minimal, OPERATOR)
+    assert policy is not None
+    assert ingress_by_port(policy)[names.POSTGRES_PORT] == {
+        "ports": [{"protocol": "TCP", "port": names.POSTGRES_PORT}]
+    }
+
+
+def test_postgres_admits_the_members_the_snapshot_jobs_and_the_clients_given(full: ClusterRef):
+    policy = networkpolicy.network_policy(full, OPERATOR)
+    assert policy is not None
+    own, *clients = ingress_by_port(policy)[names.POSTGRES_PORT]["from"]
+    assert clients == FULL_SPEC["networkPolicy"]["clients"]  # as written, `except` included
+    assert set(own) == {"podSelector"}  # no namespaceSelector: the cluster's own namespace
+    member = statefulset.statefulset(full)["spec"]["template"]["metadata"]["labels"]
+    snapshot = jobs.snapshot_job(full, "nightly", "10.0.0.7")["spec"]["template"]["metadata"]["labels"]
+    prune = jobs.prune_job(full, "20250131t030000", 7, None)["spec"]["template"]["metadata"]["labels"]
+    assert matches(own["podSelector"], member) and matches(own["podSelector"], snapshot)
+    assert not matches(own["podSelector"], prune)  # it only talks to S3
+    other_cluster = statefulset.statefulset(make_ref(FULL_SPEC, name="other"))["spec"]["template"]
+    assert not matches(own["podSelector"], other_cluster["metadata"]["labels"])
+
+
+def test_an_empty_client_list_leaves_the_cluster_alone():
+    ref = make_ref({**FULL_SPEC, "networkPolicy": {"clients": []}})
+    policy = networkpolicy.network_policy(ref, OPERATOR)
+    assert policy is not None
+    assert ingress_by_port(policy)[names.POSTGRES_PORT]["from"] == [networkpolicy.cluster_pods_peer("demo")]
+
+
+def test_no_network_policy_when_disabled():
+    ref = make_ref({**MINIMAL_SPEC, "networkPolicy": {"enabled": False}})
+    assert networkpolicy.network_policy(ref, OPERATOR) is None
 
 
 # --- immutable fields --------------------------------------------------------------------------------

@@ -76,6 +76,7 @@ EXPECTED = {
     "configmaps": ["hippo-config"],
     "serviceaccounts": ["hippo-postgres"],
     "poddisruptionbudgets": ["hippo"],
+    "networkpolicies": ["hippo"],
 }
 
 
@@ -186,6 +187,31 @@ def test_a_one_instance_cluster_has_no_disruption_budget(
         eventually(lambda: kube.read("poddisruptionbudgets", ns, "hippo"), what="the PDB")
         kube.merge("postgresclusters", ns, "hippo", {"spec": {"instances": 1}})
         eventually(lambda: kube.read("poddisruptionbudgets", ns, "hippo") is None, what="the PDB to go")
+
+
+def test_the_network_policy_follows_the_spec(
+    kube: Kube, namespace: str, chart_operator: ChartIdentity
+) -> None:
+    """Created with the cluster (PostgreSQL open to anyone), narrowed to `clients`, deleted when disabled."""
+    ns = namespace
+    kube.create(cluster_manifest(ns, instances=1))
+    with running_as(chart_operator):
+        policy = eventually(lambda: kube.read("networkpolicies", ns, "hippo"), what="the NetworkPolicy")
+        postgres = [r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == names.POSTGRES_PORT]
+        assert postgres and "from" not in postgres[0], policy["spec"]
+        clients = [{"namespaceSelector": {"matchLabels": {"team": "shop"}}}]
+        kube.merge("postgresclusters", ns, "hippo", {"spec": {"networkPolicy": {"clients": clients}}})
+        narrowed = eventually(
+            lambda: (
+                (p := kube.read("networkpolicies", ns, "hippo"))
+                and any(r.get("from", [])[1:] == clients for r in p["spec"]["ingress"])
+                and p
+            ),
+            what="the policy narrowed to the clients",
+        )
+        assert narrowed["metadata"]["uid"] == policy["metadata"]["uid"]  # patched, not made again
+        kube.merge("postgresclusters", ns, "hippo", {"spec": {"networkPolicy": {"enabled": False}}})
+        eventually(lambda: kube.read("networkpolicies", ns, "hippo") is None, what="the policy to go")
 
 
 def test_an_unknown_switchover_target_is_refused_and_the_annotation_removed(
@@ -494,8 +520,8 @@ def test_leader_election_only_one_acts_and_the_other_takes_over(
 
 def exercise(kube: Kube, ns: str, identity: ChartIdentity) -> None:
     """What the operator does in the tests above, in one run: objects, status, events, the switchover
-    annotation, scale-down (a PDB deleted), deletion with its volumes (deletePolicy Delete), on the
-    Lease the chart names."""
+    annotation, scale-down (a PDB deleted), the network policy disabled (deleted), deletion with its
+    volumes (deletePolicy Delete), on the Lease the chart names."""
     manifest = cluster_manifest(ns, storage={"size": "1Gi", "deletePolicy": "Delete"})
     manifest["metadata"]["annotations"] = {names.ANNOTATION_SWITCHOVER: "hippo-9"}
     kube.create(manifest)
@@ -507,6 +533,8 @@ def exercise(kube: Kube, ns: str, identity: ChartIdentity) -> None:
         eventually(lambda: kube.read("poddisruptionbudgets", ns, "hippo"), what="the PDB")
         kube.merge("postgresclusters", ns, "hippo", {"spec": {"instances": 1}})
         eventually(lambda: kube.read("poddisruptionbudgets", ns, "hippo") is None, what="the PDB to go")
+        kube.merge("postgresclusters", ns, "hippo", {"spec": {"networkPolicy": {"enabled": False}}})
+        eventually(lambda: kube.read("networkpolicies", ns, "hippo") is None, what="the policy to go")
         kube.remove("postgresclusters", ns, "hippo")
         eventually(lambda: kube.read("postgresclusters", ns, "hippo") is None, timeout=30, what="deletion")
 
@@ -533,6 +561,7 @@ def test_every_request_is_granted_by_the_chart(
         ("patch", "postgresclusters/status"),
         ("patch", "postgresclusters"),
         ("delete", "poddisruptionbudgets"),
+        ("delete", "networkpolicies"),
         ("delete", "persistentvolumeclaims"),
         ("create", "events"),
         ("create", "leases"),

@@ -320,6 +320,64 @@ class Recovery(ApiModel):
     )
 
 
+# spec.networkPolicy.clients: NetworkPolicyPeer of networking.k8s.io/v1, as the NetworkPolicy takes it.
+class LabelSelectorRequirement(ApiModel):
+    key: str = Field(min_length=1, max_length=317)
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: list[str] | None = Field(default=None, max_length=64)
+
+
+class LabelSelector(ApiModel):
+    """metav1.LabelSelector: every label and expression must match; an empty selector matches all."""
+
+    match_labels: dict[str, str] | None = Field(default=None, json_schema_extra={"maxProperties": 64})
+    match_expressions: list[LabelSelectorRequirement] | None = Field(default=None, max_length=16)
+
+
+class IPBlock(ApiModel):
+    cidr: str = Field(min_length=1, max_length=43, description="Addresses allowed, e.g. 10.0.0.0/8.")
+    except_: list[str] | None = Field(
+        default=None, alias="except", max_length=64, description="Addresses of the CIDR refused."
+    )
+
+
+class NetworkPolicyPeer(ApiModel):
+    """Pods (podSelector; of namespaceSelector's namespaces, else this one), namespaces, or an ipBlock."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            rule(
+                "has(self.ipBlock) ? !has(self.podSelector) && !has(self.namespaceSelector)"
+                " : has(self.podSelector) || has(self.namespaceSelector)",
+                "networkPolicy.clients: each client is an ipBlock alone, or a podSelector and/or a"
+                " namespaceSelector",
+            )
+        )
+    )
+
+    pod_selector: LabelSelector | None = None
+    namespace_selector: LabelSelector | None = None
+    ip_block: IPBlock | None = None
+
+
+class NetworkPolicy(ApiModel):
+    enabled: bool = Field(
+        default=True,
+        description=(
+            "A NetworkPolicy for the members: the agent's port (8008) from the operator's pods only,"
+            " PostgreSQL (5432) from the members, the cluster's Jobs and `clients`. false: no policy."
+        ),
+    )
+    clients: list[NetworkPolicyPeer] | None = Field(
+        default=None,
+        max_length=32,
+        description=(
+            "Who else may reach PostgreSQL (5432): unset, anyone (every pod of every namespace and"
+            " addresses outside the cluster); a list, only those (NetworkPolicyPeer); [], nobody else."
+        ),
+    )
+
+
 _SPEC_RULES = cel(
     rule(
         "!has(self.postgresVersion) || !has(oldSelf.postgresVersion)"
@@ -438,6 +496,7 @@ class PostgresClusterSpec(ApiModel):
     )
     backup: BackupSpec | None = None
     recovery: Recovery = Field(default_factory=Recovery)
+    network_policy: NetworkPolicy = Field(default_factory=NetworkPolicy)
     paused: bool = Field(default=False, description="Observe and report only; take no action.")
 
     @field_validator("parameters")

@@ -20,7 +20,7 @@ from pgherd.api import backup, cluster, restore
 from pgherd.api.common import CATEGORY, GROUP, VERSION
 
 # Fields whose object default is `{}` so that the defaults inside them show in the stored object.
-_DEFAULTED_OBJECTS = {"storage", "replication", "failover", "upgrade", "recovery"}
+_DEFAULTED_OBJECTS = {"storage", "replication", "failover", "upgrade", "recovery", "networkPolicy"}
 # Bounds that keep the CEL cost estimate of the API server low (rules iterate over these).
 _MAX_PARAMETERS = 256
 _MAX_VALUE_LENGTH = 4096

@@ -4,12 +4,14 @@
 
 Credentials: in-cluster (the pod's ServiceAccount), else the current kubeconfig context. With
 --leader-elect, only the holder of the Lease named by PGHERD_LEADER_ELECTION_LEASE (in POD_NAMESPACE)
-acts; the others watch and wait to take over.
+acts; the others watch and wait to take over. POD_NAMESPACE and PGHERD_OPERATOR_POD_LABELS (a JSON
+object, the chart's selector labels) say which pods the members' NetworkPolicy lets reach the agents.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import socket
@@ -17,6 +19,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from pgherd.kube.builders.networkpolicy import OperatorPods
     from pgherd.kube.handlers import Election
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -68,6 +71,25 @@ def election_from_env() -> Election:
     return Election(namespace=namespace, name=lease, identity=identity)
 
 
+def operator_pods_from_env() -> OperatorPods | None:
+    """The operator's own pods, as the chart describes them; None when run outside the chart."""
+    from pgherd.kube.builders.networkpolicy import OperatorPods
+
+    namespace = os.environ.get("POD_NAMESPACE")
+    given = os.environ.get("PGHERD_OPERATOR_POD_LABELS")
+    if not namespace or not given:
+        logging.getLogger("pgherd.operator").warning(
+            "POD_NAMESPACE or PGHERD_OPERATOR_POD_LABELS is not set (the chart sets both): the members'"
+            " NetworkPolicy cannot name the operator's pods and leaves the agents' port 8008 open to every"
+            " source (the agents still require the operator's token over TLS)"
+        )
+        return None
+    labels = json.loads(given)
+    if not isinstance(labels, dict) or not labels or not all(isinstance(v, str) for v in labels.values()):
+        raise SystemExit(f"PGHERD_OPERATOR_POD_LABELS must be a JSON object of labels, not {given!r}")
+    return OperatorPods(namespace=namespace, labels=labels)
+
+
 def main(args: argparse.Namespace) -> int:
     # Imported here: every `pgherd` command (the agent of each member, the sandbox's status) would
     # otherwise load kopf and the Kubernetes client at start-up, most of a second on a busy machine.
@@ -84,6 +106,7 @@ def main(args: argparse.Namespace) -> int:
     config = OperatorConfig(
         postgres_image=os.environ.get("PGHERD_POSTGRES_IMAGE") or "",
         member_address=args.member_address,
+        operator_pods=operator_pods_from_env(),
     )
     operator = Operator(config=config, election=election_from_env() if args.leader_elect else None)
     run(

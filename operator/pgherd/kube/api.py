@@ -59,6 +59,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "StatefulSet": ("apps/v1", "statefulsets"),
     "Job": ("batch/v1", "jobs"),
     "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets"),
+    "NetworkPolicy": ("networking.k8s.io/v1", "networkpolicies"),
     "Lease": ("coordination.k8s.io/v1", "leases"),
 }
 

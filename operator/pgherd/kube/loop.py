@@ -39,6 +39,7 @@ from pgherd.kube import names
 from pgherd.kube.actions import ActContext, NotLeader, apply_all, label_replicas
 from pgherd.kube.agents import Agents
 from pgherd.kube.api import ApiError, KubeApi
+from pgherd.kube.builders.networkpolicy import OperatorPods
 from pgherd.kube.crashpoint import CrashPoint
 from pgherd.kube.events import Events
 from pgherd.kube.objects import OwnedObjects, expand_volumes
@@ -63,6 +64,9 @@ class OperatorConfig:
     default_image: str = "ghcr.io/pgherd/pgherd:latest"
     member_address: str = "dns"  # how members reach each other: dns (headless Service) | ip (pod IP)
     agent_scheme: str = "https"
+    # The operator's own pods (POD_NAMESPACE, PGHERD_OPERATOR_POD_LABELS): the only source the members'
+    # NetworkPolicy lets reach the agents. None: unknown (run outside the chart), the agent port stays open.
+    operator_pods: OperatorPods | None = None
     steady_interval: float = STEADY_INTERVAL
     busy_interval: float = BUSY_INTERVAL
 

@@ -142,6 +142,10 @@ def pdb(cluster: str) -> str:
     return cluster
 
 
+def network_policy(cluster: str) -> str:
+    return cluster
+
+
 def snapshot_job(backup: str) -> str:
     return f"{backup}-snapshot"
 

@@ -8,6 +8,8 @@
   error returned) and the rest of the spec still applies. Its ``replicas`` belong to the engine's
   CreateMember/DeleteMember, never to this reconciliation.
 - A PodDisruptionBudget exists only from two instances on (one instance: any budget blocks drains).
+- The members' NetworkPolicy exists while `spec.networkPolicy.enabled`; it is applied before the
+  StatefulSet, so that no member starts unprotected.
 """
 
 from __future__ import annotations
@@ -26,7 +28,17 @@ from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.engine.actions import Prune
 from pgherd.kube import names
 from pgherd.kube.api import ApiError, KubeApi
-from pgherd.kube.builders import common, configmap, jobs, pdb, secrets, serviceaccount, services, statefulset
+from pgherd.kube.builders import (
+    common,
+    configmap,
+    jobs,
+    networkpolicy,
+    pdb,
+    secrets,
+    serviceaccount,
+    services,
+    statefulset,
+)
 from pgherd.kube.builders.statefulset import quantity
 
 if TYPE_CHECKING:
@@ -95,6 +107,11 @@ class OwnedObjects:
             await self._delete_owned("PodDisruptionBudget", names.pdb(ref.name), ref)
         else:
             await self._apply("PodDisruptionBudget", budget)
+        policy = networkpolicy.network_policy(ref, self.config.operator_pods)
+        if policy is None:
+            await self._delete_owned("NetworkPolicy", names.network_policy(ref.name), ref)
+        else:
+            await self._apply("NetworkPolicy", policy)
         await self._ensure_statefulset(ref)
         self._ensured = key
         return agent
