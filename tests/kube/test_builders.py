@@ -776,7 +776,14 @@ def test_the_network_policy_selects_the_members_and_admits_ingress_only(minimal:
     assert matches(policy["spec"]["podSelector"], member_labels)
     assert policy["spec"]["podSelector"] == {"matchLabels": names.selector_labels("solo")}
     assert policy["spec"]["policyTypes"] == ["Ingress"]  # the members' own connections are not limited
-    assert set(ingress_by_port(policy)) == {names.AGENT_PORT, names.POSTGRES_PORT}  # no metrics port yet
+    assert set(ingress_by_port(policy)) == {names.AGENT_PORT, names.POSTGRES_PORT, names.METRICS_PORT}
+
+
+def test_the_metrics_port_admits_anyone(full: ClusterRef):
+    """Scrapers run anywhere (a monitoring namespace, outside the cluster); `clients` narrows PostgreSQL only."""
+    policy = networkpolicy.network_policy(full, OPERATOR)
+    assert policy is not None
+    assert ingress_by_port(policy)[names.METRICS_PORT] == {"ports": [{"protocol": "TCP", "port": 9187}]}
 
 
 def test_the_agent_port_admits_the_operator_pods_alone(minimal: ClusterRef):

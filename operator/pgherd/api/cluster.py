@@ -365,7 +365,8 @@ class NetworkPolicy(ApiModel):
         default=True,
         description=(
             "A NetworkPolicy for the members: the agent's port (8008) from the operator's pods only,"
-            " PostgreSQL (5432) from the members, the cluster's Jobs and `clients`. false: no policy."
+            " PostgreSQL (5432) from the members, the cluster's Jobs and `clients`, metrics (9187) from"
+            " anywhere. false: no policy."
         ),
     )
     clients: list[NetworkPolicyPeer] | None = Field(

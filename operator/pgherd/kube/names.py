@@ -45,6 +45,7 @@ PROGRESS_PREFIX = "pgherd.io"
 # Ports and paths inside a member pod.
 POSTGRES_PORT = 5432
 AGENT_PORT = 8008
+METRICS_PORT = 9187  # the agent's Prometheus metrics (GET /metrics)
 CONTAINER_POSTGRES = "postgres"
 VOLUME_DATA = "pgdata"  # the volumeClaimTemplate: PVCs are <VOLUME_DATA>-<member>
 DATA_MOUNT = "/var/lib/pgherd"  # the member's volume

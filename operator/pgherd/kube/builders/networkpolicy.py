@@ -5,7 +5,9 @@
 - 5432, PostgreSQL: from the members (replication, pg_rewind, seeding) and the cluster's snapshot Jobs
   (which stream from a member), plus `clients`: unset, anyone; a list, only those peers. The prune Job
   only talks to S3, and a restore runs inside the members (their agents), so neither needs a rule.
-- Nothing else: the metrics port (9187) gets its rule when the agent serves it.
+- 9187, the agent's Prometheus metrics: from anywhere, as any scraper (Prometheus runs in a namespace
+  of its own, or outside the cluster) must reach it; the metrics hold no secret and need no token.
+- Nothing else.
 
 Traffic from the member's own node (the kubelet's probes) is always allowed by NetworkPolicy
 implementations, so the probes on 8008 need no rule.
@@ -70,6 +72,7 @@ def network_policy(ref: ClusterRef, operator: OperatorPods | None) -> Manifest |
     if spec.clients is not None:
         clients = [client.model_dump(by_alias=True, exclude_none=True) for client in spec.clients]
         postgres["from"] = [cluster_pods_peer(ref.name), *clients]
+    metrics: Manifest = {"ports": [_port(names.METRICS_PORT)]}
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -77,6 +80,6 @@ def network_policy(ref: ClusterRef, operator: OperatorPods | None) -> Manifest |
         "spec": {
             "podSelector": {"matchLabels": names.selector_labels(ref.name)},
             "policyTypes": ["Ingress"],
-            "ingress": [agent, postgres],
+            "ingress": [agent, postgres, metrics],
         },
     }
