@@ -76,6 +76,7 @@ class Agent:
     certs: Certs
     port: int = field(default_factory=free_port)
     pg_port: int = field(default_factory=free_port)
+    metrics_port: int = field(default_factory=free_port)  # GET /metrics (plain HTTP)
     flags: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # added to the environment (S3 credentials)
     process: subprocess.Popen[bytes] | None = None
@@ -113,6 +114,8 @@ class Agent:
             str(self.port),
             "--pg-port",
             str(self.pg_port),
+            "--metrics-port",
+            str(self.metrics_port),
             "--pg-listen",
             "127.0.0.1",
             "--tls-cert",

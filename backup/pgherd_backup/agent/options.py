@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from pgherd_backup.store import Store
 
 SEED_METHODS = ("none", "initdb", "basebackup", "snapshot")
+METRICS_PORT = 9187  # GET /metrics, plain HTTP (docs/monitoring.md)
 _MAX_SOCKET_DIR = 90  # AF_UNIX paths are limited to 108 bytes; PostgreSQL adds "/.s.PGSQL.<port>"
 
 
@@ -37,6 +38,8 @@ class AgentOptions:
     token_file: Path
     listen: str = "0.0.0.0"
     port: int = 8008
+    metrics_port: int = METRICS_PORT  # 0: no metrics served
+    custom_queries: Path | None = None  # the users' metric queries (YAML), read again when it changes
     pg_port: int = 5432
     pg_listen: str = "*"
     tls_cert: Path | None = None
@@ -108,6 +111,8 @@ class AgentOptions:
                 raise UsageError("--pg-tls-min-version: TLSv1.2 or TLSv1.3")
         if not self.cluster or not self.member:
             raise UsageError("--cluster and --member are required")
+        if not 0 <= self.metrics_port <= 65535:
+            raise UsageError(f"--metrics-port {self.metrics_port}: a port number, or 0 to serve no metrics")
 
     @property
     def volume(self) -> Path:

@@ -25,6 +25,7 @@ from pgherd_backup.agent.supervisor import OrphanReaper
 from pgherd_backup.errors import UsageError
 
 if TYPE_CHECKING:
+    from pgherd_backup.agent.metrics import MetricsServer
     from pgherd_backup.walservice import WalService
 
 log = logging.getLogger("pgherd.agent")
@@ -81,8 +82,12 @@ def run(options: AgentOptions) -> int:
         raise UsageError(
             f"cannot listen on {options.listen}:{options.port} ({exc.strerror}): choose another --port"
         ) from None
+    metrics = _metrics_server(instance)
     wal_service = _wal_service(options)
     server.start()
+    if metrics is not None:
+        metrics.start()
+        log.info("metrics at http://%s:%d/metrics", options.listen, metrics.port)
     log.info(
         "agent of %s/%s serving %s on %s:%d (PostgreSQL port %d, data %s)",
         options.cluster,
@@ -114,10 +119,28 @@ def run(options: AgentOptions) -> int:
             instance.refresh_tls()
     instance.terminate()
     server.stop()
+    if metrics is not None:
+        metrics.stop()
     if wal_service is not None:
         wal_service.stop()
     log.info("agent stopped")
     return 0
+
+
+def _metrics_server(instance: Instance) -> MetricsServer | None:
+    """GET /metrics on --metrics-port (none with 0), on the address of the agent's own server."""
+    options = instance.options
+    if not options.metrics_port:
+        return None
+    from pgherd_backup.agent.metrics import MetricsServer, Readings
+
+    try:
+        return MetricsServer(Readings(instance), options.listen, options.metrics_port)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot listen on {options.listen}:{options.metrics_port} for the metrics ({exc.strerror}):"
+            " choose another --metrics-port, or 0 to serve none"
+        ) from None
 
 
 def _wal_service(options: AgentOptions) -> WalService | None:

@@ -1,8 +1,9 @@
-"""The agent's own view of its PostgreSQL: what the kubelet's probes answer from (and, later, metrics).
+"""The agent's own view of its PostgreSQL: what the kubelet's probes answer from.
 
 One sample at a time, taken at most once a second whoever asks and however many ask at once (callers
 share the query in flight), on one kept connection over the Unix socket as pgherd_monitor (pg_monitor's
 rights, no password). /status does not use it: the operator's failure detection reads PostgreSQL live.
+`Shared` is that discipline alone: the metrics (metrics.py) take their readings through it too.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import psycopg
 
@@ -42,27 +43,40 @@ class Sample:
     ready_detail: str
     healthy: bool
     health_detail: str
-    key: tuple[object, ...]  # what the member's state was keyed on (see View.key)
+    key: tuple[object, ...]  # what the member's state was keyed on (see Shared.key)
 
     @property
     def age(self) -> float:
         return time.monotonic() - self.taken_at
 
 
-class View:
-    """The latest Sample, refreshed on demand by one thread at a time."""
+class Timed(Protocol):
+    @property
+    def taken_at(self) -> float: ...  # time.monotonic()
+
+    @property
+    def key(self) -> tuple[object, ...]: ...  # what the member's state was keyed on (Shared.key)
+
+
+T = TypeVar("T", bound=Timed)
+
+
+class Shared(Generic[T]):
+    """The latest sample of the member, taken on demand by one thread at a time (`_take`) and shared:
+    a caller gets the latest while it is fresh, else joins the refresh in flight (never a second one)."""
+
+    thread_name = "agent-view"
+    what = "view of PostgreSQL"  # for the log
 
     def __init__(self, inst: Instance, fresh: float = FRESH) -> None:
         self.inst = inst
         self.fresh = fresh
         self._lock = threading.Lock()
-        self._latest: Sample | None = None
-        self._pending: Future[Sample] | None = None
-        self._conn: psycopg.Connection[Any] | None = None  # used by the refreshing thread only
-        self._superuser_until = 0.0  # reading as the superuser until then (see MONITOR_RETRY)
+        self._latest: T | None = None
+        self._pending: Future[T] | None = None
 
     @property
-    def latest(self) -> Sample | None:
+    def latest(self) -> T | None:
         return self._latest
 
     def key(self) -> tuple[object, ...]:
@@ -71,18 +85,18 @@ class View:
         state = self.inst.state
         return (self.inst.postmaster.since, state.fenced, state.demoted)
 
-    def current(self) -> Sample | None:
+    def current(self) -> T | None:
         """The latest sample when it is fresh and still describes the member."""
         sample = self._latest
-        if sample is None or sample.age >= self.fresh or sample.key != self.key():
+        if sample is None or time.monotonic() - sample.taken_at >= self.fresh or sample.key != self.key():
             return None
         return sample
 
-    def get(self) -> Sample:
+    def get(self) -> T:
         """A fresh sample, for a thread: the latest, or the one being taken (joined, never doubled)."""
         return self.current() or self.refresh().result()
 
-    async def aget(self, wait: float) -> Sample | None:
+    async def aget(self, wait: float) -> T | None:
         """A fresh sample, for the event loop: waits up to `wait` for the refresh in flight, then gives
         the latest, however old (None before the first)."""
         sample = self.current()
@@ -93,21 +107,21 @@ class View:
         except Exception:  # not in time (PostgreSQL slow to answer), or failed (logged)
             return self._latest
 
-    def refresh(self) -> Future[Sample]:
+    def refresh(self) -> Future[T]:
         """The refresh in flight, or a new one in a thread of its own."""
         with self._lock:
             if self._pending is None:
                 self._pending = Future()
                 threading.Thread(
-                    target=self._refresh, args=(self._pending,), name="agent-view", daemon=True
+                    target=self._refresh, args=(self._pending,), name=self.thread_name, daemon=True
                 ).start()
             return self._pending
 
-    def _refresh(self, pending: Future[Sample]) -> None:
+    def _refresh(self, pending: Future[T]) -> None:
         try:
             sample = self._take(self.key())
-        except Exception as exc:  # a bug: logged; the probes judge the latest sample by its age
-            log.exception("the agent's view of PostgreSQL failed")
+        except Exception as exc:  # a bug: logged; the callers judge the latest sample by its age
+            log.exception("the agent's %s failed", self.what)
             with self._lock:
                 self._pending = None
             pending.set_exception(exc)
@@ -116,6 +130,18 @@ class View:
             self._latest = sample
             self._pending = None
         pending.set_result(sample)
+
+    def _take(self, key: tuple[object, ...]) -> T:
+        raise NotImplementedError
+
+
+class View(Shared[Sample]):
+    """The probes' Sample: PostgreSQL read as pgherd_monitor (as the superuser while it cannot log in)."""
+
+    def __init__(self, inst: Instance, fresh: float = FRESH) -> None:
+        super().__init__(inst, fresh)
+        self._conn: psycopg.Connection[Any] | None = None  # used by the refreshing thread only
+        self._superuser_until = 0.0  # reading as the superuser until then (see MONITOR_RETRY)
 
     def _take(self, key: tuple[object, ...]) -> Sample:
         if not self.inst.postmaster.alive:

@@ -91,6 +91,17 @@ def _register_run(commands: argparse._SubParsersAction[argparse.ArgumentParser])
         help="with --pg-tls: the superuser may log in over TLS with its password (default: Unix socket only)",
     )
     add("--ready-lag-bytes", kind=int, default=16 << 20, help="/readyz: most replay lag of a ready replica")
+    add(
+        "--metrics-port",
+        kind=int,
+        default=9187,
+        help="GET /metrics in plain HTTP on --listen (default 9187; 0: none)",
+    )
+    add(
+        "--custom-queries",
+        kind=Path,
+        help="a YAML file of metric queries of your own (docs/monitoring.md), read again when it changes",
+    )
 
     group = p.add_argument_group("PostgreSQL")
     add("--pg-port", kind=int, default=5432, help="PostgreSQL's port (default 5432)")
@@ -194,6 +205,8 @@ def _run(args: argparse.Namespace) -> int:
             token_file=args.token_file,
             listen=args.listen,
             port=args.port,
+            metrics_port=args.metrics_port,
+            custom_queries=args.custom_queries,
             pg_port=args.pg_port,
             pg_listen=args.pg_listen,
             tls_cert=args.tls_cert,
