@@ -149,12 +149,14 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _print_members(status: dict[str, Any]) -> None:
-    print(f"  {'MEMBER':<16} {'ROLE':<8} {'READY':<6} {'PORT':<6} {'VERSION':<8} {'TL':<4} LAG")
+    print(
+        f"  {'MEMBER':<16} {'ROLE':<8} {'READY':<6} {'PORT':<6} {'VERSION':<8} {'TL':<4} {'LAG':<10} METRICS"
+    )
     for m in status["members"]:
         lag = "" if m.get("lagBytes") is None else f"{m['lagBytes']}B"
         print(
             f"  {m['name']:<16} {m['role']:<8} {m['ready']!s:<6} {m['port']:<6} {m.get('version') or '':<8}"
-            f" {m.get('timeline') or '':<4} {lag}"
+            f" {m.get('timeline') or '':<4} {lag:<10} {m.get('metrics') or ''}".rstrip()
         )
 
 

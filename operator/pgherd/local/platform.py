@@ -169,6 +169,10 @@ class LocalPlatform:
         member = self.members.get(name)
         return None if member is None else self.pods.url(member.ordinal)
 
+    def metrics_url(self, name: str) -> str | None:
+        member = self.members.get(name)
+        return None if member is None else self.pods.metrics_url(member.ordinal)
+
     # --- what backups.py needs of the members (backups.Members) ----------------------------------------
     def has(self, name: str) -> bool:
         return name in self.members

@@ -110,6 +110,10 @@ class Pods:
     def url(self, ordinal: int) -> str:
         return f"https://127.0.0.1:{self.state.agent_port_of(ordinal)}"
 
+    def metrics_url(self, ordinal: int) -> str | None:
+        port = self.state.metrics_port_of(ordinal)
+        return None if port is None else f"http://127.0.0.1:{port}/metrics"
+
     def client(self, name: str, ordinal: int) -> AgentClient:
         """The member's agent client, made once (its TLS context loads the CA; each call connects)."""
         key = (name, ordinal)
@@ -146,6 +150,8 @@ class Pods:
             str(self.state.agent_port_of(ordinal)),
             "--pg-port",
             str(self.state.port_of(ordinal)),
+            "--metrics-port",  # 0: a sandbox made before the agents served metrics has no ports for them
+            str(self.state.metrics_port_of(ordinal) or 0),
             "--pg-listen",
             "127.0.0.1",
             "--tls-cert",

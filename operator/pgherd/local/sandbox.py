@@ -131,9 +131,12 @@ class Sandbox:
         name = admitted["metadata"]["name"]
         spec = admitted["spec"]
         initdb = ((spec.get("bootstrap") or {}).get("initdb")) or {}
+        # PostgreSQL's, the agents' and their metrics' ports: three ranges apart, one port per ordinal each
+        base_port = _free_port_range(16)
+        agent_base_port = _free_port_range(16, avoid=(base_port,))
         state = SandboxState(
             cluster=name,
-            base_port=_free_port_range(16),
+            base_port=base_port,
             store_url=store_url,
             s3=s3,
             superuser_password=secrets.token_urlsafe(18),
@@ -141,7 +144,8 @@ class Sandbox:
             app_database=initdb.get("database", "app"),
             app_password=secrets.token_urlsafe(18),
             restart_delay=restart_delay,
-            agent_base_port=_free_port_range(16),
+            agent_base_port=agent_base_port,
+            metrics_base_port=_free_port_range(16, avoid=(base_port, agent_base_port)),
             pg_bindir=str(postgres.bindir),
             pg_libdir=None if postgres.libdir is None else str(postgres.libdir),
             postgres_major=postgres.major,
@@ -482,14 +486,17 @@ def _ephemeral_ports() -> tuple[int, int]:
     return low, high
 
 
-def _free_port_range(count: int) -> int:
+def _free_port_range(count: int, avoid: tuple[int, ...] = ()) -> int:
     """A base port such that base..base+count-1 are all free now (one per possible member), below the
     ephemeral range when there is room: a client connection (the agents' API is asked every tick)
-    could otherwise take a member's port while it is down, and its PostgreSQL would not start."""
+    could otherwise take a member's port while it is down, and its PostgreSQL would not start. Apart
+    from the ranges of `avoid` (their bases), taken by the sandbox's other ports."""
     low, _ = _ephemeral_ports()
     first, span = (10000, low - 10000 - count) if low - 10000 - count > 1000 else (20000, 30000)
     for _ in range(200):
         base = first + secrets.randbelow(span)
+        if any(abs(base - taken) < count for taken in avoid):
+            continue
         sockets = []
         try:
             for port in range(base, base + count):

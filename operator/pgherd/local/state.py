@@ -51,6 +51,8 @@ class SandboxState:
     postgres_major: int | None = None  # the major those programs are, fixed for the sandbox's life
     # The agents' ports, one per ordinal like base_port (None only in a sandbox from before the agents).
     agent_base_port: int | None = None
+    # The agents' metrics ports (GET /metrics), one per ordinal; None in a sandbox from before: none served.
+    metrics_base_port: int | None = None
     # Every member is its own `pgherd instance run` process; "inline" (the supervisor driving
     # PostgreSQL itself) was removed: a sandbox still marked so is refused with what to do.
     members: str = "agent"
@@ -66,6 +68,9 @@ class SandboxState:
         if self.agent_base_port is None:
             raise ValueError("this sandbox has no agent ports (it ran its members inline): create it again")
         return self.agent_base_port + ordinal
+
+    def metrics_port_of(self, ordinal: int) -> int | None:
+        return None if self.metrics_base_port is None else self.metrics_base_port + ordinal
 
     def save(self, paths: SandboxPaths) -> None:
         write_json(paths.state_file, asdict(self))

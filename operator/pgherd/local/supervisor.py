@@ -255,6 +255,7 @@ class Supervisor:
                     "revision": member.revision,
                     "busy": self.platform.busy(name),
                     "agent": self.platform.agent_url(name),
+                    "metrics": self.platform.metrics_url(name),
                     "startError": _start_error(self.platform.status(name)),
                 }
             )
