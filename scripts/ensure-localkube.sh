@@ -3,7 +3,9 @@
 # the node's Debian packages (containerd, runc, the CNI plugins, iptables, conntrack, ...; the image's
 # tools, debootstrap and podman, are installed by scripts/build-image.sh when it first runs), then the
 # Kubernetes binaries built from Kubernetes' own Go modules (scripts/ensure-kubernetes.sh: about 12
-# minutes the first time, a no-op while the pins are unchanged). Running it again is a no-op.
+# minutes the first time, a no-op while the pins are unchanged) and kube-router, the node's NetworkPolicy
+# controller (scripts/ensure-network-policies.sh: about 3 minutes the first time). Running it again is a
+# no-op.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,7 +15,7 @@ say() { echo "ensure-localkube: $*" >&2; }
 declare -A PACKAGES=(
   [containerd]=containerd [runc]=runc [/usr/lib/cni/bridge]=containernetworking-plugins
   [iptables]=iptables [conntrack]=conntrack [ip]=iproute2 [catatonit]=catatonit
-  [busybox]=busybox-static [findmnt]=util-linux
+  [busybox]=busybox-static [findmnt]=util-linux [ipset]=ipset
 )
 missing=()
 for program in "${!PACKAGES[@]}"; do
@@ -31,4 +33,5 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 fi
 bash scripts/ensure-kubernetes.sh >/dev/null
-say "ready: the node's packages and $(bash scripts/ensure-kubernetes.sh --check)"
+bash scripts/ensure-network-policies.sh >/dev/null
+say "ready: the node's packages, $(bash scripts/ensure-kubernetes.sh --check) and $(bash scripts/ensure-network-policies.sh --check)"

@@ -1,7 +1,8 @@
 """Where the programs come from: Kubernetes, CoreDNS and local-path-provisioner from
 scripts/ensure-kubernetes.sh (built from their Go modules into a cache, reused while the pins are
-unchanged), containerd, runc, the CNI plugins and the host tools from Debian's packages, kubectl and
-helm from `make setup` (.tools/bin)."""
+unchanged), kube-router (the node's NetworkPolicy controller) from scripts/ensure-network-policies.sh,
+containerd, runc, the CNI plugins and the host tools from Debian's packages, kubectl and helm from
+`make setup` (.tools/bin)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from e2e.localkube.settings import REPO
 
 ENSURE_KUBERNETES = REPO / "scripts" / "ensure-kubernetes.sh"
+ENSURE_NETWORK_POLICIES = REPO / "scripts" / "ensure-network-policies.sh"
 BUILT = (
     "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy", "crictl",
     "coredns", "local-path-provisioner",
@@ -32,10 +34,11 @@ HOST_TOOLS = {
     "catatonit": "catatonit",
     "busybox": "busybox-static",
     "findmnt": "util-linux",
+    "ipset": "ipset",
 }
 APT_INSTALL = (
     "apt-get install -y --no-install-recommends containerd runc containernetworking-plugins iptables "
-    "conntrack iproute2 catatonit busybox-static"
+    "conntrack iproute2 catatonit busybox-static ipset"
 )
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -60,6 +63,36 @@ def kubernetes_bin() -> Path:
     if absent:
         raise Missing(f"{folder} lacks {', '.join(absent)}: run scripts/ensure-kubernetes.sh --rebuild")
     return folder
+
+
+def network_policy_bin() -> Path:
+    """The folder of kube-router, built first by scripts/ensure-network-policies.sh when missing (about
+    3 minutes cold on 2 cores)."""
+    result = subprocess.run(
+        ["bash", str(ENSURE_NETWORK_POLICIES)], cwd=REPO, stdout=subprocess.PIPE, text=True, check=False
+    )
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines or not os.access(Path(lines[-1]) / "kube-router", os.X_OK):
+        raise Missing(
+            f"scripts/ensure-network-policies.sh failed (exit {result.returncode}); see its messages above"
+        )
+    return Path(lines[-1])
+
+
+def built_network_policy_bin() -> Path | None:
+    """kube-router's folder if it is built for the current pin, without building."""
+    result = subprocess.run(
+        ["bash", str(ENSURE_NETWORK_POLICIES), "--check"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return (
+        Path(result.stdout.strip().splitlines()[-1])
+        if result.returncode == 0 and result.stdout.strip()
+        else None
+    )
 
 
 def built_bin_dir() -> Path | None:

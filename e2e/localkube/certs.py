@@ -41,6 +41,7 @@ KUBE_PROXY = Client("kube-proxy", "system:kube-proxy")
 APISERVER_KUBELET_CLIENT = Client("apiserver-kubelet-client", "kube-apiserver-kubelet-client")
 COREDNS = Client("coredns", "localkube:coredns")
 STORAGE = Client("local-path-provisioner", "localkube:local-path-provisioner")
+NETWORK_POLICY = Client("kube-router", "localkube:kube-router")
 CLIENTS = (
     ADMIN,
     CONTROLLER_MANAGER,
@@ -50,6 +51,7 @@ CLIENTS = (
     APISERVER_KUBELET_CLIENT,
     COREDNS,
     STORAGE,
+    NETWORK_POLICY,
 )
 
 

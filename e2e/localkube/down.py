@@ -11,14 +11,14 @@ import subprocess
 import time
 from pathlib import Path
 
-from e2e.localkube import host, lock
+from e2e.localkube import host, lock, netpol
 from e2e.localkube.processes import kill, processes_matching, stop
 from e2e.localkube.settings import Layout
 from e2e.localkube.state import State
 
 # Add-ons and the node first (nothing may recreate pods), then the pods, containerd, the control plane.
 ORDER = (
-    "local-path-provisioner", "coredns", "s3", "kube-proxy", "kubelet", "containerd",
+    "local-path-provisioner", "coredns", "s3", "kube-router", "kube-proxy", "kubelet", "containerd",
     "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd",
 )  # fmt: skip
 GRACE = {"kubelet": 30.0, "containerd": 20.0}
@@ -78,6 +78,8 @@ def teardown(layout: Layout, state: State) -> list[str]:
             [str(bin_dir / "kube-proxy"), "--cleanup"], capture_output=True, timeout=60, check=False
         )
         host.remove_kubelet_chains()
+    if state.data.get("bridge"):
+        netpol.remove_rules()
     host.unmount_under(layout.root)
     if settings is not None and state.data.get("bridge"):
         host.remove_bridge(settings.bridge)
@@ -102,6 +104,7 @@ def leftovers(layout: Layout, state: State) -> list[str]:
             found.append(f"bridge {settings.bridge}")
         found += [f"cgroup process {pid}" for pid in host.cgroup_pids(settings)]
     found += [f"iptables: {rule}" for rule in host.kube_rules()]
+    found += [f"ipset {name}" for name in netpol.ipsets()]
     return found
 
 

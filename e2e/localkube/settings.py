@@ -81,10 +81,15 @@ class Ports:
     def dns_ready(self) -> int:
         return self.base + 10
 
+    @property
+    def network_policy_healthz(self) -> int:
+        """kube-router's health endpoint (it binds every address: netpol.py)."""
+        return self.base + 11
+
     def all(self) -> dict[str, int]:
         names = (
             "etcd", "etcd_peer", "apiserver", "controller_manager", "scheduler", "kubelet", "kubelet_healthz",
-            "proxy_metrics", "proxy_healthz", "dns_health", "dns_ready",
+            "proxy_metrics", "proxy_healthz", "dns_health", "dns_ready", "network_policy_healthz",
         )  # fmt: skip
         return {name: int(getattr(self, name)) for name in names}
 

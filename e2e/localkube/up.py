@@ -10,7 +10,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from e2e.localkube import binaries, certs, chart, control_plane, dns, host, images, lock, node, s3, storage
+from e2e.localkube import (
+    binaries,
+    certs,
+    chart,
+    control_plane,
+    dns,
+    host,
+    images,
+    lock,
+    netpol,
+    node,
+    s3,
+    storage,
+)
 from e2e.localkube.down import teardown
 from e2e.localkube.kubectl import Kubectl
 from e2e.localkube.processes import wait_until
@@ -103,6 +116,7 @@ def up(directory: Path, settings: Settings, options: Options) -> None:
         raise FileNotFoundError(f"--image-archive {options.image_archive}: no such file")
     binaries.check_host()
     bin_dir = binaries.kubernetes_bin()
+    netpol_bin = binaries.network_policy_bin()
     layout = Layout(directory)
     with lock.held(timeout=10) as fd:
         claim_machine(fd, directory, settings)
@@ -114,7 +128,7 @@ def up(directory: Path, settings: Settings, options: Options) -> None:
             versions=binaries.versions(bin_dir), host=host.read_sysctls(), ready=False, operator=None,
         )  # fmt: skip
         try:
-            start_cluster(layout, settings, options, state, bin_dir)
+            start_cluster(layout, settings, options, state, bin_dir, netpol_bin)
         except BaseException as exc:
             say(f"up failed: {exc}")
             if not options.keep_on_failure:
@@ -126,7 +140,9 @@ def up(directory: Path, settings: Settings, options: Options) -> None:
     report(layout, settings, state, options)
 
 
-def start_cluster(layout: Layout, settings: Settings, options: Options, state: State, bin_dir: Path) -> None:
+def start_cluster(
+    layout: Layout, settings: Settings, options: Options, state: State, bin_dir: Path, netpol_bin: Path
+) -> None:
     for folder in (layout.pki, layout.config, layout.logs):
         folder.mkdir(parents=True, exist_ok=True)
     say(
@@ -163,7 +179,8 @@ def start_cluster(layout: Layout, settings: Settings, options: Options, state: S
         log=layout.log("kubelet"),
     )
     state.add_process(node.kube_proxy(layout, settings, bin_dir))
-    say(f"node {NODE_NAME} Ready: containerd, kubelet, kube-proxy")
+    state.add_process(netpol.kube_router(layout, settings, netpol_bin, kubectl))
+    say(f"node {NODE_NAME} Ready: containerd, kubelet, kube-proxy, kube-router (NetworkPolicies)")
 
     state.add_process(dns.coredns(layout, settings, bin_dir, kubectl))
     state.add_process(storage.local_path_provisioner(layout, bin_dir, kubectl))
