@@ -35,6 +35,7 @@ from pgherd.kube.builders.common import ClusterRef, resolve_image
 from pgherd.kube.builders.networkpolicy import OperatorPods
 from pgherd_backup import cli as backup_cli
 from pgherd_backup.agent.auth import Verdict, check_bearer
+from pgherd_backup.agent.options import METRICS_PORT as AGENT_METRICS_PORT
 from pgherd_backup.agent.options import AgentOptions, read_parameters
 from pgherd_backup.agent.tls import client_context, server_context
 from pgherd_backup.store import S3Settings
@@ -307,7 +308,11 @@ def test_the_container_runs_the_agent(full: ClusterRef):
     assert c["image"] == "ghcr.io/pgherd/pgherd:0.1.0-pg17"
     assert c["command"] == ["pgherd", "instance", "run"]
     assert "args" not in c
-    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"postgres": 5432, "agent": 8008}
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {
+        "postgres": 5432,
+        "agent": 8008,
+        "metrics": 9187,
+    }
     assert c["resources"] == {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
 
 
@@ -354,6 +359,51 @@ def test_the_grace_period_covers_a_switchover(full: ClusterRef):
     waits = dataclasses.replace(options, grace_period=float(grace)).wait_for_switchover
     assert waits >= 60  # what a terminating primary leaves the operator for the switchover
     assert waits + 2 * options.stop_timeout < grace  # and the clean shutdown still fits
+
+
+def test_the_agent_serves_metrics_and_the_custom_queries_of_a_config_map(
+    full: ClusterRef, minimal: ClusterRef, monkeypatch: pytest.MonkeyPatch
+):
+    # every member serves GET /metrics on the container port `metrics`, which its agent is told (the
+    # NetworkPolicy admits that port, and it is the agent's own default)
+    assert names.METRICS_PORT == AGENT_METRICS_PORT == 9187
+    for ref in (full, minimal):
+        ports = {p["name"]: p["containerPort"] for p in container(ref)["ports"]}
+        assert ports["metrics"] == 9187
+        assert env_of(ref)["PGHERD_METRICS_PORT"] == "9187"
+        assert "PGHERD_CUSTOM_QUERIES" not in env_of(ref)
+        assert all(
+            "custom" not in v["name"]
+            for v in statefulset.statefulset(ref)["spec"]["template"]["spec"]["volumes"]
+        )
+    # spec.monitoring.customQueries: the ConfigMap as a whole directory (an edit reaches the pod; a
+    # subPath mount would not be updated), optional (a missing one does not hold the pod back)
+    ref = make_ref({**FULL_SPEC, "monitoring": {"customQueries": {"configMapName": "shop-queries"}}})
+    pod = statefulset.statefulset(ref)["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v.get("configMap", {}).get("name") == "shop-queries"]
+    assert volume["configMap"] == {"name": "shop-queries", "optional": True}
+    (mount,) = [m for m in container(ref)["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount["readOnly"] is True and "subPath" not in mount
+    path = env_of(ref)["PGHERD_CUSTOM_QUERIES"]
+    assert path == f"{mount['mountPath']}/queries.yaml"
+    other = make_ref({**FULL_SPEC, "monitoring": {"customQueries": {"configMapName": "q", "key": "pg.yaml"}}})
+    assert env_of(other)["PGHERD_CUSTOM_QUERIES"].endswith("/pg.yaml")
+    for version in VERSIONS:
+        kubernetes_validate.validate(statefulset.statefulset(ref), version, strict=True)
+    # the agent's real parser takes both variables
+    for name in list(os.environ):
+        if name.startswith("PGHERD_"):
+            monkeypatch.delenv(name)
+    for name, value in env_of(ref).items():
+        monkeypatch.setenv(name, value)
+    parser, _ = run_parser()
+    args = parser.parse_args(["instance", "run"])
+    assert (args.metrics_port, args.custom_queries) == (9187, Path(path))
+    # neither the spec revision (no restart for it) nor a bad name or key gets through
+    assert ref.revision == full.revision
+    for bad in ({"configMapName": "Shop_Queries"}, {"configMapName": "q", "key": "../etc/passwd"}, {}):
+        with pytest.raises(ValueError):
+            PostgresClusterSpec.model_validate({"monitoring": {"customQueries": bad}})
 
 
 # --- the restricted Pod Security Standard ------------------------------------------------------------

@@ -188,6 +188,39 @@ class Upgrade(ApiModel):
     )
 
 
+# A ConfigMap key (a file name in the mounted directory); no leading dot (the kubelet's own ..data).
+CONFIG_MAP_KEY_PATTERN = r"^[-_a-zA-Z0-9][-._a-zA-Z0-9]*$"
+
+
+class CustomQueries(ApiModel):
+    config_map_name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=NAME_PATTERN,
+        description=(
+            "ConfigMap in the cluster's namespace holding the queries (docs/monitoring.md). Optional at"
+            " runtime: while it is missing the members run and report pgherd_custom_queries_refused 1."
+        ),
+    )
+    key: str = Field(
+        default="queries.yaml",
+        max_length=253,
+        pattern=CONFIG_MAP_KEY_PATTERN,
+        description="Its key: a YAML list of {name, query, help, metrics}. Default queries.yaml.",
+    )
+
+
+class Monitoring(ApiModel):
+    custom_queries: CustomQueries | None = Field(
+        default=None,
+        description=(
+            "Metric queries of your own, run read-only as pgherd_monitor by every member and exported as"
+            " pgherd_custom_<name>_<column> on its metrics port (9187). Edits of the ConfigMap are read"
+            " within about a minute; another ConfigMap or key takes effect as each member restarts."
+        ),
+    )
+
+
 class S3Credentials(ApiModel):
     secret_name: str = Field(
         min_length=1, pattern=NAME_PATTERN, description="Secret in the cluster's namespace holding the keys."
@@ -492,6 +525,7 @@ class PostgresClusterSpec(ApiModel):
     replication: Replication = Field(default_factory=Replication)
     failover: Failover = Field(default_factory=Failover)
     upgrade: Upgrade = Field(default_factory=Upgrade)
+    monitoring: Monitoring = Field(default_factory=Monitoring)
     bootstrap: Bootstrap | None = Field(
         default=None, description="How the first member's data is made; initdb when unset. Immutable."
     )

@@ -53,6 +53,9 @@ READINESS_FAILURE_THRESHOLD = 2
 SECRET_KINDS = ("superuser", "replication", "app")
 VOLUME_CONFIG = "config"
 VOLUME_AGENT = "agent"
+# spec.monitoring.customQueries: its ConfigMap as a whole directory (not subPath: an edit reaches the pod).
+VOLUME_CUSTOM_QUERIES = "custom-queries"
+CUSTOM_QUERIES_MOUNT = "/etc/pgherd/custom-queries"
 # Secret files readable by the postgres group only: with fsGroup they belong to root:999.
 SECRET_MODE = 0o440
 
@@ -81,6 +84,7 @@ def agent_env(ref: ClusterRef) -> list[Manifest]:
         env_value("PGHERD_PGDATA", names.PGDATA),
         env_value("PGHERD_REVISION", ref.revision),
         env_value("PGHERD_PORT", str(names.AGENT_PORT)),
+        env_value("PGHERD_METRICS_PORT", str(names.METRICS_PORT)),
         env_value("PGHERD_PG_PORT", str(names.POSTGRES_PORT)),
         env_value("PGHERD_TLS_CERT", f"{names.AGENT_TLS_MOUNT}/{names.KEY_TLS_CERT}"),
         env_value("PGHERD_TLS_KEY", f"{names.AGENT_TLS_MOUNT}/{names.KEY_TLS_KEY}"),
@@ -101,6 +105,9 @@ def agent_env(ref: ClusterRef) -> list[Manifest]:
         # directory's own major (an image made for upgrades carries both: docs/upgrades.md).
         env_value("PG_BIN", postgres_bindir(ref.spec.postgres_version)),
     ]
+    queries = ref.spec.monitoring.custom_queries
+    if queries is not None:
+        env.append(env_value("PGHERD_CUSTOM_QUERIES", f"{CUSTOM_QUERIES_MOUNT}/{queries.key}"))
     store = s3_store(ref.spec)
     if store is not None:
         env.append(env_value("PGHERD_STORE", store_url(store)))
@@ -168,6 +175,13 @@ def _volumes(ref: ClusterRef) -> tuple[list[Manifest], list[Manifest]]:
             }
         )
         mounts.append({"name": volume, "mountPath": f"{names.SECRETS_MOUNT}/{kind}", "readOnly": True})
+    queries = ref.spec.monitoring.custom_queries
+    if queries is not None:
+        # optional: a missing ConfigMap does not keep the pod from starting (the agent reports it)
+        volumes.append(
+            {"name": VOLUME_CUSTOM_QUERIES, "configMap": {"name": queries.config_map_name, "optional": True}}
+        )
+        mounts.append({"name": VOLUME_CUSTOM_QUERIES, "mountPath": CUSTOM_QUERIES_MOUNT, "readOnly": True})
     return volumes, mounts
 
 
@@ -192,6 +206,8 @@ def _container(ref: ClusterRef, mounts: list[Manifest]) -> Manifest:
         "ports": [
             {"name": "postgres", "containerPort": names.POSTGRES_PORT, "protocol": "TCP"},
             {"name": "agent", "containerPort": names.AGENT_PORT, "protocol": "TCP"},
+            # GET /metrics in plain HTTP (docs/monitoring.md): what a PodMonitor and the NetworkPolicy name
+            {"name": "metrics", "containerPort": names.METRICS_PORT, "protocol": "TCP"},
         ],
         "startupProbe": _probe("/startupz", STARTUP_PERIOD_SECONDS, STARTUP_FAILURE_THRESHOLD, 5),
         "livenessProbe": _probe("/healthz", LIVENESS_PERIOD_SECONDS, LIVENESS_FAILURE_THRESHOLD, 5),
