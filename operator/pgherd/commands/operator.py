@@ -48,6 +48,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="log level (default info)")
     p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9187,
+        metavar="PORT",
+        help="serve Prometheus metrics on this port, GET /metrics (default 9187; 0: none)",
+    )
+    p.add_argument(
         "--member-address",
         choices=("dns", "ip"),
         default=os.environ.get("PGHERD_MEMBER_ADDRESS") or "dns",
@@ -109,6 +116,10 @@ def main(args: argparse.Namespace) -> int:
         operator_pods=operator_pods_from_env(),
     )
     operator = Operator(config=config, election=election_from_env() if args.leader_elect else None)
+    if args.metrics_port:
+        from pgherd.kube import metrics
+
+        metrics.serve(args.metrics_port)
     run(
         operator,
         namespaces=args.namespace,

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pgherd.agentview import STATUS_TIMEOUT
+from pgherd.kube import metrics
 from pgherd_backup.agent.client import AgentClient, AgentError
 from pgherd_backup.agent.wire import ActionResult, Status
 
@@ -94,12 +95,12 @@ class Agents:
         """Every member's /status at once; None for one that did not answer within ``timeout``."""
 
         async def one(member: str, ip: str) -> Status | None:
-            try:
-                return await asyncio.to_thread(self.client(member, ip).status, timeout)
-            except AgentError:
-                return None
-            except OSError:
-                return None
+            with metrics.agent_call("status") as outcome:
+                try:
+                    return await asyncio.to_thread(self.client(member, ip).status, timeout)
+                except (AgentError, OSError) as exc:
+                    outcome.failed(exc)
+                    return None
 
         names = list(addresses)
         results = await asyncio.gather(*(one(n, addresses[n]) for n in names))
@@ -111,7 +112,12 @@ class Agents:
         """A short action, awaited (fence, promote, set-sync, drop-slot)."""
         if what != "fence":
             self._fenced.pop(member, None)  # it may act: a fence remembered says nothing any more
-        result = await asyncio.to_thread(fn, self.client(member, ip))
+        with metrics.agent_call(what) as outcome:
+            try:
+                result = await asyncio.to_thread(fn, self.client(member, ip))
+            except Exception as exc:
+                outcome.failed(exc)
+                raise
         _log(member, what, result)
         return result
 
@@ -145,7 +151,12 @@ class Agents:
 
         async def run() -> None:
             try:
-                result = await asyncio.to_thread(fn, client)
+                with metrics.agent_call(what) as outcome:
+                    try:
+                        result = await asyncio.to_thread(fn, client)
+                    except Exception as exc:
+                        outcome.failed(exc)
+                        raise
                 if isinstance(result, ActionResult):
                     _log(member, what, result)
                 if then is not None:

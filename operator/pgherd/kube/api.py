@@ -37,6 +37,8 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from pgherd.kube import metrics
+
 log = logging.getLogger("pgherd.kube")
 
 JSON = dict[str, Any]
@@ -387,24 +389,29 @@ class KubeApi:
     ) -> JSON:
         if token:
             headers = {**headers, "Authorization": f"Bearer {token}"}
-        async with self._client().request(
-            method, self.credentials.server + url_path, data=data, params=params, headers=headers
-        ) as response:
-            text = await response.text()
-            if response.status >= 400:
-                reason, message = "", text[:500]
-                try:
-                    doc = json.loads(text)
-                    reason, message = str(doc.get("reason", "")), str(doc.get("message", message))
-                except ValueError:
-                    pass
-                raise ApiError(
-                    response.status,
-                    reason or response.reason or "",
-                    message,
-                    retry_after=_seconds(response.headers.get("Retry-After")),
-                )
-            return json.loads(text) if text else {}
+        try:
+            async with self._client().request(
+                method, self.credentials.server + url_path, data=data, params=params, headers=headers
+            ) as response:
+                text = await response.text()
+        except (aiohttp.ClientError, TimeoutError):
+            metrics.API_REQUESTS.labels(method, "0").inc()
+            raise
+        metrics.API_REQUESTS.labels(method, str(response.status)).inc()
+        if response.status >= 400:
+            reason, message = "", text[:500]
+            try:
+                doc = json.loads(text)
+                reason, message = str(doc.get("reason", "")), str(doc.get("message", message))
+            except ValueError:
+                pass
+            raise ApiError(
+                response.status,
+                reason or response.reason or "",
+                message,
+                retry_after=_seconds(response.headers.get("Retry-After")),
+            )
+        return json.loads(text) if text else {}
 
     async def get(self, kind: str, namespace: str | None, name: str, subresource: str | None = None) -> JSON:
         return await self.request("GET", path(kind, namespace, name, subresource))

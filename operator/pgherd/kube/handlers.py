@@ -22,8 +22,9 @@ from typing import Any
 
 import kopf
 
+from pgherd.api.annotations import RESTART
 from pgherd.api.cluster import VolumeDeletePolicy
-from pgherd.kube import names
+from pgherd.kube import metrics, names
 from pgherd.kube.api import Credentials, KubeApi, RetryPolicy
 from pgherd.kube.leader import AlwaysLeader, LeaderElector
 from pgherd.kube.loop import ClusterLoop, OperatorConfig, Wakeups
@@ -147,6 +148,8 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
                 retry=e.retry,
             )
         operator._election_task = asyncio.get_running_loop().create_task(operator.leader.run(), name="leader")
+        metrics.LEADER.set_function(lambda: 1.0 if operator.holding() else 0.0)
+        metrics.CLUSTERS.active = operator.holding
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
@@ -207,11 +210,12 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
     @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL_CLUSTERS, id="wake", registry=registry)
     async def wake_cluster(**kwargs: Any) -> None:
         # Only what a user (or kubectl scale) changes: the spec (its generation), a deletion, the
-        # switchover request. Not the loop's own writes (status, its restore record), nor kopf's
-        # last-handled-configuration annotation, written after every spec change.
+        # switchover and restart requests. Not the loop's own writes (status, its restore record), nor
+        # kopf's last-handled-configuration annotation, written after every spec change.
         meta = kwargs["body"].get("metadata") or {}
-        switchover = (meta.get("annotations") or {}).get(names.ANNOTATION_SWITCHOVER)
-        seen = (meta.get("generation"), meta.get("deletionTimestamp"), switchover)
+        annotations = meta.get("annotations") or {}
+        requests = (annotations.get(names.ANNOTATION_SWITCHOVER), annotations.get(RESTART))
+        seen = (meta.get("generation"), meta.get("deletionTimestamp"), requests)
         operator.wakeups.wake_on_change(kwargs["namespace"], kwargs["name"], seen)
 
     @kopf.on.delete(
@@ -281,7 +285,8 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
             while not stopped:
                 wakeup.clear()
                 try:
-                    await loop.tick()
+                    with metrics.RECONCILE.time():
+                        await loop.tick()
                 except asyncio.CancelledError:
                     raise
                 except Exception:
@@ -290,6 +295,7 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
                     await asyncio.wait_for(wakeup.wait(), timeout=loop.interval())
         finally:
             operator.loops.pop(key, None)
+            metrics.CLUSTERS.forget(namespace, name)
             await loop.close()
 
     return registry, settings

@@ -34,8 +34,8 @@ from pgherd.engine.conditions import Condition, ConditionType, false, true
 from pgherd.engine.plan import Decision
 from pgherd.engine.revision import spec_revision
 from pgherd.engine.status import OperationKind
-from pgherd.engine.view import Role
-from pgherd.kube import names
+from pgherd.engine.view import ClusterView, Role
+from pgherd.kube import metrics, names
 from pgherd.kube.actions import ActContext, NotLeader, apply_all, label_replicas
 from pgherd.kube.agents import Agents
 from pgherd.kube.api import ApiError, KubeApi
@@ -212,6 +212,7 @@ class ClusterLoop:
             self.status_doc = {**(self.status_doc or {}), **document}
         self.engine = decision.status
         self._log_phase(decision)
+        self._record_metrics(document, view, spec, decision, objects)
         for problem in problems:  # an Event each (the same one is not posted again for 5 minutes)
             await self.events.record(body, RecordEvent(problem.reason, problem.describe(), warning=True))
         if not reconciled and not await self._reconcile_objects(body, spec, image, revision, objects):
@@ -278,6 +279,30 @@ class ClusterLoop:
                     ),
                 )
         return True
+
+    def _record_metrics(
+        self,
+        document: JSON,
+        view: ClusterView,
+        spec: PostgresClusterSpec,
+        decision: Decision,
+        objects: ClusterObjects,
+    ) -> None:
+        completed = [b.completed_at for b in view.backups if b.phase == "Completed" and b.completed_at]
+        operation = decision.status.operation
+        metrics.record(
+            self.namespace,
+            self.name,
+            {**(self.status_doc or {}), **document},
+            last_backup_at=max(completed) if completed else None,
+            schedule=spec.backup is not None and spec.backup.schedule is not None,
+            operation=None if operation is None else (operation.kind.value, operation.started_at),
+            failed_backups=[
+                str(b["metadata"].get("uid") or b["metadata"]["name"])
+                for b in objects.backups
+                if (b.get("status") or {}).get("phase") == "Failed"
+            ],
+        )
 
     def _spec(self, body: JSON) -> tuple[PostgresClusterSpec, str, str]:
         """The validated spec, its image and revision; parsed again only when the spec changed (its
