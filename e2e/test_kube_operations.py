@@ -39,7 +39,7 @@ from e2e import manifests, rbac
 from e2e.checks import execute, query
 from e2e.driver import DriverError, NewCluster
 from e2e.drivers.kube import S3_SECRET, KubeDriver
-from e2e.drivers.localkube import LocalKube, LocalKubeDriver
+from e2e.drivers.localkube import POD_SECURITY_ENFORCE, LocalKube, LocalKubeDriver
 
 DRIVER = os.environ.get("PGHERD_E2E_DRIVER", "local")
 pytestmark = [
@@ -260,6 +260,25 @@ def test_a_cluster_becomes_running_with_a_labelled_primary_behind_the_rw_service
     assert addresses == {bed.pod(primary)["status"]["podIP"]}  # type: ignore[index]
     execute(bed.driver.rw_dsn(), "CREATE TABLE marks (id int PRIMARY KEY, at text)")
     bed.mark(1, "created")
+
+
+def test_the_namespace_admits_restricted_pods_only(bed: Bed) -> None:
+    """localkube's namespaces enforce the restricted Pod Security Standard: the members run (so did the
+    Jobs of every scenario), and a pod that is not restricted is refused by the API server."""
+    if not isinstance(bed.driver, LocalKubeDriver):
+        pytest.skip("only the localkube driver labels its namespaces restricted")
+    namespace = bed.driver.kube.json("get", "namespace", bed.namespace)
+    assert namespace["metadata"]["labels"][POD_SECURITY_ENFORCE] == "restricted"
+    image = bed.pods()[0]["spec"]["containers"][0]["image"]
+    loose = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "not-restricted", "namespace": bed.namespace},
+        "spec": {"containers": [{"name": "main", "image": image, "command": ["sleep", "60"]}]},
+    }
+    refused = bed.kubectl("create", "--dry-run=server", "-f", "-", stdin=json.dumps(loose), check=False)
+    assert refused.returncode != 0
+    assert 'violates PodSecurity "restricted:latest"' in refused.stderr, refused.stderr
 
 
 def test_the_switchover_annotation_runs_to_completion(bed: Bed) -> None:

@@ -20,7 +20,8 @@ How the scenarios' operations map:
   rw_dsn()              the `<cluster>-rw` Service's ClusterIP, port 5432 (kube-proxy on this host)
   member_dsn(name)      the pod's IP, port 5432 (the pods' bridge is this host's)
 The backup store is the cluster's S3 server (DIR/s3.json), its keys copied from `default/pgherd-e2e-s3`
-into each scenario's namespace.
+into each scenario's namespace. Every scenario's namespace enforces the `restricted` Pod Security
+Standard: a member, a Job's pod or a scenario's own pod that is not restricted is refused.
 """
 
 from __future__ import annotations
@@ -56,6 +57,17 @@ from e2e.rbac import Grant, bound_grants
 UP_TIMEOUT = 1800.0  # a cold start builds the image
 RW_ROUTE_WAIT = 20.0
 CONTAINER = "postgres"
+POD_SECURITY_ENFORCE = "pod-security.kubernetes.io/enforce"
+
+
+def restricted_namespace(name: str) -> dict[str, Any]:
+    """A namespace under the `restricted` Pod Security Standard, enforced by the API server's PodSecurity
+    admission: a pod (a member, a Job's, a scenario's own) that is not restricted is refused."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": {POD_SECURITY_ENFORCE: "restricted"}},
+    }
 
 
 class LocalKube:
@@ -189,7 +201,7 @@ class LocalKubeDriver(KubeDriver):
             self.kube.run(
                 "wait", "--for=delete", f"namespace/{self.namespace}", "--timeout=300s", timeout=320
             )
-        self.kube.run("create", "namespace", self.namespace, check=False)
+        self.kube.run("apply", "-f", "-", input=json.dumps(restricted_namespace(self.namespace)))
         self.copy_secret("default", S3_SECRET, S3_SECRET, S3_KEYS)
 
     # -- members ----------------------------------------------------------------------------------------
