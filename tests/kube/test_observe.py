@@ -357,3 +357,14 @@ def test_a_snapshot_job_whose_pod_cannot_start_fails_its_backup_after_the_timeou
         created="2026-11-23T11:00:00Z", phase="Running", state={"running": {"startedAt": "x"}}
     )
     assert decided(running) == ()
+
+
+def test_the_restart_request_reaches_the_view() -> None:
+    asked = cluster()
+    asked["metadata"]["annotations"] = {"pgherd.io/restart": "2026-01-01T12:00:00Z"}
+    view = cluster_view(ClusterObjects(asked, statefulset=sts(0)), {}, NOW, switchover_to=None)
+    assert view.restart == "2026-01-01T12:00:00Z"
+    assert (
+        cluster_view(ClusterObjects(cluster(), statefulset=sts(0)), {}, NOW, switchover_to=None).restart
+        is None
+    )

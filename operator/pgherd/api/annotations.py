@@ -13,6 +13,10 @@ ROLLBACK_UPGRADE = "pgherd.io/rollback-upgrade"
 # A refused or rolled-back upgrade is tried again when this takes a value it did not have then.
 RETRY_UPGRADE = "pgherd.io/retry-upgrade"
 UPGRADE_ANNOTATIONS = (CONFIRM_UPGRADE, ROLLBACK_UPGRADE, RETRY_UPGRADE)
+# A rolling restart of every member when this takes a new value (`kubectl pgherd restart` writes the
+# time): the value is part of the spec revision, so the engine's ordinary rollout restarts the members
+# in its safe order (replicas most lagging first, then a switchover, the old primary last).
+RESTART = "pgherd.io/restart"
 
 
 class UpgradeRequests(TypedDict):
@@ -34,3 +38,9 @@ def upgrade_requests(metadata: Mapping[str, Any]) -> UpgradeRequests:
         "rollback_upgrade": value(ROLLBACK_UPGRADE),
         "retry_upgrade": value(RETRY_UPGRADE),
     }
+
+
+def restart_request(metadata: Mapping[str, Any]) -> str | None:
+    """The value of the restart annotation in a cluster object's ``metadata`` (None: never asked)."""
+    found = (metadata.get("annotations") or {}).get(RESTART)
+    return None if found is None or str(found) == "" else str(found)

@@ -35,7 +35,7 @@ _RECOVERY_KINDS = (OperationKind.RESTORE, OperationKind.RECOVERY)
 
 def decide(spec: PostgresClusterSpec, view: ClusterView, status: EngineStatus) -> Decision:
     """The next phase, conditions and actions for one cluster, and the status to record first."""
-    ctx = Context(spec, view, status, spec_revision(spec, view.image))
+    ctx = Context(spec, view, status, spec_revision(spec, view.image, view.restart))
     if view.deleting:
         outcome = Outcome(Phase.DELETING, status, message="the cluster is being deleted")
     elif spec.paused:

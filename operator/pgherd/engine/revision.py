@@ -45,14 +45,18 @@ RESTART_PARAMETERS = frozenset(
 )
 
 
-def spec_revision(spec: PostgresClusterSpec, image: str | None = None) -> str:
+def spec_revision(spec: PostgresClusterSpec, image: str | None = None, restart: str | None = None) -> str:
     """A short, stable digest of what requires a restart; equal specs give equal revisions.
 
     ``image``: the image the platform gives the members for this spec (Kubernetes: spec.image, else the
     operator's postgresImage for spec.postgresVersion); None where members run no image (the sandbox).
     postgresVersion itself is not part of it: a member runs its data directory's own major, and a
     change of major is an upgrade (engine/upgrade.py), not a restart. Only when the image changes with
-    it (a postgresImage per major) do the members restart into the new image, before the upgrade."""
+    it (a postgresImage per major) do the members restart into the new image, before the upgrade.
+
+    ``restart``: the value of the annotation pgherd.io/restart, a person's request for a rolling restart:
+    a new value is a new revision, which the rollout carries out. Absent, the digest is the one it was
+    before the annotation existed (no cluster restarts when the operator is upgraded)."""
     parameters = {
         key.lower(): value
         for key, value in (spec.parameters or {}).items()
@@ -64,5 +68,7 @@ def spec_revision(spec: PostgresClusterSpec, image: str | None = None) -> str:
         "parameters": dict(sorted(parameters.items())),
         "resources": resources,
     }
+    if restart:
+        payload["restart"] = restart
     digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
     return digest[:12]

@@ -241,6 +241,8 @@ class ClusterView:
     confirm_upgrade: str | None = None
     rollback_upgrade: str | None = None
     retry_upgrade: str | None = None
+    # A person's request for a rolling restart (annotation pgherd.io/restart): part of the spec revision.
+    restart: str | None = None
     _by_name: dict[str, MemberView] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

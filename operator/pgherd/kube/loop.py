@@ -27,6 +27,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from pgherd.api.annotations import restart_request
 from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.engine import EngineStatus, decide
 from pgherd.engine.actions import RecordEvent
@@ -120,7 +121,7 @@ class ClusterLoop:
         self.expanded_to: str | None = None
         self.polled = False  # the last tick asked at least one agent
         self.objects_refused = False  # the last tick's owned objects were refused: Failed stands
-        self._parsed: tuple[tuple[object, object], tuple[PostgresClusterSpec, str, str]] | None = None
+        self._parsed: tuple[tuple[object, object, object], tuple[PostgresClusterSpec, str, str]] | None = None
         self.crash_point = CrashPoint.from_env()  # tests only (crashpoint.py)
 
     async def close(self) -> None:
@@ -306,14 +307,16 @@ class ClusterLoop:
 
     def _spec(self, body: JSON) -> tuple[PostgresClusterSpec, str, str]:
         """The validated spec, its image and revision; parsed again only when the spec changed (its
-        ``metadata.generation``, which the API server moves on every change of the spec)."""
+        ``metadata.generation``, which the API server moves on every change of the spec) or a restart
+        was asked for (the annotation pgherd.io/restart, part of the revision as the engine computes it)."""
         meta = body["metadata"]
-        key = (meta.get("uid"), meta.get("generation"))
+        restart = restart_request(meta)
+        key = (meta.get("uid"), meta.get("generation"), restart)
         if self._parsed is not None and key[1] is not None and self._parsed[0] == key:
             return self._parsed[1]
         spec = PostgresClusterSpec.model_validate(body.get("spec") or {})
         image = self.owned.image(spec)
-        parsed = (spec, image, spec_revision(spec, image))
+        parsed = (spec, image, spec_revision(spec, image, restart))
         self._parsed = (key, parsed)
         return parsed
 

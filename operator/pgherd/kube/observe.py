@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import Any
 
 from pgherd.agentview import member_view
-from pgherd.api.annotations import upgrade_requests
+from pgherd.api.annotations import restart_request, upgrade_requests
 from pgherd.engine.view import (
     BackupView,
     ClusterView,
@@ -410,6 +410,7 @@ def cluster_view(
         switchover_to=switchover_to,
         rw_member=rw_member(objects),
         image=image,
+        restart=restart_request(meta),
         **upgrade_requests(meta),
     )
 

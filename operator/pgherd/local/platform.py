@@ -31,7 +31,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from pgherd.agentview import fetch_statuses, member_view, port_resolver
-from pgherd.api.annotations import upgrade_requests
+from pgherd.api.annotations import restart_request, upgrade_requests
 from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.engine import actions as act
 from pgherd.engine.view import ClusterView, MemberView
@@ -374,6 +374,7 @@ class LocalPlatform:
             generation=int(cluster["metadata"].get("generation", 1)),
             switchover_to=switchover_to,
             rw_member=self.rw_member,
+            restart=restart_request(cluster["metadata"]),
             **upgrade_requests(cluster["metadata"]),
         )
         return view, seen
