@@ -7,10 +7,13 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pgherd.commands.manifests import ManifestError, read_manifests
 from pgherd.local.layout import DEFAULT_DIR
+
+if TYPE_CHECKING:
+    from pgherd.plugin.document import StatusDocument
 
 # The sandbox's modules (and the engine, pydantic, CEL behind them) are imported by each command, not
 # here: `pgherd` registers every command at start-up, and most runs (the agent of each member, status
@@ -140,56 +143,74 @@ def _up(args: argparse.Namespace) -> int:
         return _fail(f"{args.filename}: {exc}")
     except (SandboxError, ValueError, OSError) as exc:
         return _fail(str(exc))
-    print(f"PostgresCluster {status['cluster']} is {status['phase']}: primary {status['primary']}")
-    _print_members(status)
+    _render(Sandbox(args.dir), status)
     print("\nConnect (always reaches the current primary):")
     print(f'  psql "{status["rwDsn"]}"')
     print(f"\nMore: pgherd sandbox status --dir {args.dir}")
     return 0
 
 
-def _print_members(status: dict[str, Any]) -> None:
-    print(
-        f"  {'MEMBER':<16} {'ROLE':<8} {'READY':<6} {'PORT':<6} {'VERSION':<8} {'TL':<4} {'LAG':<10} METRICS"
-    )
-    for m in status["members"]:
-        lag = "" if m.get("lagBytes") is None else f"{m['lagBytes']}B"
-        print(
-            f"  {m['name']:<16} {m['role']:<8} {m['ready']!s:<6} {m['port']:<6} {m.get('version') or '':<8}"
-            f" {m.get('timeline') or '':<4} {lag:<10} {m.get('metrics') or ''}".rstrip()
-        )
-
-
 def _status(args: argparse.Namespace) -> int:
     from pgherd.local.sandbox import Sandbox, SandboxError
 
+    sandbox = Sandbox(args.dir)
     try:
-        status = Sandbox(args.dir).status()
+        status = sandbox.status()
     except SandboxError as exc:
         return _fail(str(exc))
     if args.json:
         print(json.dumps(status, indent=2, sort_keys=True))
         return 0
-    print(f"Cluster {status['cluster']}: {status['phase']}  {status['message']}")
-    print(f"Primary: {status['primary']}   ready {status['readyInstances']}/{status['instances']}")
+    _render(sandbox, status)
     if status.get("postgresVersion") is not None:
         print(f"PostgreSQL {status['postgresVersion']}: {status.get('postgresBin')}")
-    _print_members(status)
-    print("Conditions:")
-    for c in status["conditions"]:
-        print(f"  {c['type']:<22} {c['status']:<8} {c['reason']}: {c['message']}")
-    if status["backups"]:
-        print("Backups:")
-        for b in status["backups"]:
-            print(f"  {b['name']:<30} {b['phase']:<10} {b.get('backupId') or ''} {b.get('size') or ''}")
-    if status["restores"]:
-        print("Restores:")
-        for r in status["restores"]:
-            print(f"  {r['name']:<30} {r['phase']:<10} {r.get('error') or ''}")
     if not status["supervisorRunning"]:
         print(f"warning: the supervisor is not running (pgherd sandbox resume --dir {args.dir})")
     print(f"rw DSN: {status['rwDsn']}")
     return 0
+
+
+def _render(sandbox: Any, status: dict[str, Any]) -> None:
+    """The renderer of `kubectl pgherd status`, on the same status document (imported here: the JSON
+    output, which scripts poll, needs none of it)."""
+    from pgherd.plugin.render import render
+    from pgherd.plugin.summary import summarize
+
+    sys.stdout.write(render(summarize(_status_document(sandbox, status))))
+
+
+def _status_document(sandbox: Any, status: dict[str, Any]) -> StatusDocument:
+    """The sandbox's cluster in the shape `kubectl pgherd status` reads (pgherd.plugin.document): its
+    object and the status the supervisor writes, its Backups and Restores, each member at its port."""
+    from pgherd import __version__
+    from pgherd.local.layout import read_json
+    from pgherd.plugin.document import OperatorRecord, Placement, now_text
+
+    recorded: dict[str, Any] = read_json(sandbox.paths.status_file, {}) or {}
+    objects = sandbox.objects
+    pid = sandbox.supervisor_pid()
+    return {
+        "platform": "sandbox",
+        "namespace": None,
+        "now": now_text(),
+        "cluster": {**objects.cluster(), "status": recorded},
+        "placements": {
+            str(m["name"]): Placement(node=f"127.0.0.1:{m['port']}", waiting=m.get("startError"))
+            for m in status["members"]
+        },
+        "backups": objects.backups(),
+        "restores": objects.restores(),
+        "events": [],
+        "certificates": None,
+        "operator": OperatorRecord(
+            name=f"sandbox supervisor (pid {pid})" if pid else "sandbox supervisor",
+            image=None,
+            version=__version__,
+            ready=1 if status["supervisorRunning"] else 0,
+            wanted=1,
+        ),
+        "notes": [],
+    }
 
 
 def _apply(args: argparse.Namespace) -> int:
