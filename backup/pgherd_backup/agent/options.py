@@ -136,11 +136,7 @@ class AgentOptions:
 
     @property
     def socket_dir(self) -> Path:
-        inside = self.agent_dir / "run"
-        if len(str(inside)) <= _MAX_SOCKET_DIR:
-            return inside
-        digest = hashlib.sha256(str(self.pgdata).encode()).hexdigest()[:16]
-        return Path("/tmp") / f"pgherd-{digest}"
+        return socket_dir(self.agent_dir, self.pgdata)
 
     @property
     def wal_socket(self) -> Path:
@@ -173,6 +169,16 @@ class AgentOptions:
         if self.terminate_wait is not None:
             return max(0.0, self.terminate_wait)
         return max(0.0, self.grace_period - 2 * self.stop_timeout - 3)
+
+
+def socket_dir(agent_dir: Path, pgdata: Path) -> Path:
+    """Where a member's PostgreSQL listens on its Unix socket: `<agent dir>/run`, or a short path of
+    /tmp when that would be too long for AF_UNIX."""
+    inside = agent_dir / "run"
+    if len(str(inside)) <= _MAX_SOCKET_DIR:
+        return inside
+    digest = hashlib.sha256(str(pgdata).encode()).hexdigest()[:16]
+    return Path("/tmp") / f"pgherd-{digest}"
 
 
 def read_parameters(path: Path) -> dict[str, Setting]:

@@ -42,7 +42,7 @@ class Members(Protocol):
     def pod_running(self, name: str) -> bool: ...
     def client(self, name: str) -> AgentClient: ...
     def status(self, name: str) -> Status | None: ...
-    def superuser_dsn(self, name: str, dbname: str = "postgres") -> str: ...
+    def replication_dsn(self, name: str) -> str: ...
 
 
 class Backups:
@@ -128,7 +128,7 @@ class Backups:
             "snapshot",
             *self._store_flags(),
             "--source",
-            self.members.superuser_dsn(action.member),
+            self.members.replication_dsn(action.member),
             "--compression",
             compression,
         ]

@@ -36,6 +36,7 @@ from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.engine import actions as act
 from pgherd.engine.view import ClusterView, MemberView
 from pgherd.local.backups import Backups
+from pgherd.local.dsns import SandboxDsns
 from pgherd.local.jobs import LocalJobs, agent_executable
 from pgherd.local.layout import SandboxPaths, read_json, write_json
 from pgherd.local.objects import ObjectStore, now_iso
@@ -77,10 +78,6 @@ FAST_SETTINGS: dict[str, Setting] = {
 }
 
 
-def _quote(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 class LocalPlatform:
     def __init__(self, paths: SandboxPaths, state: SandboxState, objects: ObjectStore) -> None:
         if state.members != "agent" or state.agent_base_port is None:
@@ -102,6 +99,7 @@ class LocalPlatform:
         self.credentials = Credentials(paths, state)
         self.credentials.ensure()
         self.pods = Pods(paths, state, self.credentials)
+        self.dsns = SandboxDsns(paths, state, self.credentials)
         self.backups = Backups(paths, state, objects, self.jobs, self)
         self.members: dict[str, MemberState] = {}
         self.current_primary: str | None = None
@@ -122,40 +120,18 @@ class LocalPlatform:
                 self.members[member.name] = member
 
     # --- names, addresses, DSNs ------------------------------------------------------------------------
-    def _dsn(self, ports: list[int], *, user: str, password: str, dbname: str, **extra: str) -> str:
-        parts = {
-            "host": ",".join("127.0.0.1" for _ in ports),
-            "port": ",".join(str(p) for p in ports),
-            "user": user,
-            "password": password,
-            "dbname": dbname,
-            "connect_timeout": "2",
-            **extra,
-        }
-        return " ".join(f"{key}={_quote(value)}" for key, value in parts.items())
-
     def superuser_dsn(self, name: str, dbname: str = "postgres") -> str:
-        return self._dsn(
-            [self._port(name)], user="postgres", password=self.state.superuser_password, dbname=dbname
-        )
+        return self.dsns.superuser([(name, self._port(name))], dbname)
+
+    def replication_dsn(self, name: str) -> str:
+        return self.dsns.replication(self._port(name))
 
     def app_dsn(self, name: str) -> str:
-        return self._dsn(
-            [self._port(name)],
-            user=self.state.app_user,
-            password=self.state.app_password,
-            dbname=self.state.app_database,
-        )
+        return self.dsns.app([self._port(name)])
 
     def rw_dsn(self) -> str:
         ports = sorted(m.port for m in self.members.values()) or [self.state.base_port]
-        return self._dsn(
-            ports,
-            user=self.state.app_user,
-            password=self.state.app_password,
-            dbname=self.state.app_database,
-            target_session_attrs="read-write",
-        )
+        return self.dsns.app(ports, target_session_attrs="read-write")
 
     def _port(self, name: str) -> int:
         member = self.members.get(name)

@@ -27,6 +27,8 @@ from pgherd_backup.postgres import postmaster
 
 # Every ordinal the cluster may use gets a certificate at once: members added later need no new CA.
 MAX_MEMBERS = 16
+# The replication account, as on Kubernetes: by its client certificate, never the superuser.
+REPLICATION_USER = "streaming_replica"
 STOP_BOUND = 20.0  # SIGTERM -> SIGKILL; a replica stops at once, a primary checkpoints first
 
 
@@ -67,13 +69,26 @@ class Credentials:
     def app_password(self) -> Path:
         return self.folder / "app-password"
 
+    @property
+    def replication_password(self) -> Path:
+        return self.folder / "replication-password"
+
+    @property
+    def replication_cert(self) -> Path:
+        return self.folder / f"{REPLICATION_USER}.client.crt"
+
+    @property
+    def replication_key(self) -> Path:
+        return self.folder / f"{REPLICATION_USER}.client.key"
+
     def ensure(self) -> None:
-        if not (self.folder / "token").exists():
+        if not (self.folder / "token").exists() or not self.replication_cert.exists():
             names = [f"{self.state.cluster}-{i}" for i in range(MAX_MEMBERS)]
             command = [*pgherd_command(), "instance", "certs", "--cluster", self.state.cluster]
             command += ["--out", str(self.folder)]
             for name in names:
                 command += ["--member", name]
+            command += ["--client", REPLICATION_USER]
             result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
             if result.returncode != 0:
                 raise RuntimeError(f"pgherd instance certs failed: {result.stderr.strip()[-500:]}")
@@ -164,6 +179,15 @@ class Pods:
             str(self.credentials.token_digest),
             "--superuser-password-file",
             str(self.credentials.superuser_password),
+            "--replication-user",
+            REPLICATION_USER,
+            "--replication-password-file",
+            str(self.credentials.replication_password),
+            "--pg-tls",
+            "--replication-cert",
+            str(self.credentials.replication_cert),
+            "--replication-key",
+            str(self.credentials.replication_key),
             "--app-user",
             self.state.app_user,
             "--app-database",

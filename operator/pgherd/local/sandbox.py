@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pgherd.local.dsns import SandboxDsns
 from pgherd.local.layout import SandboxPaths, read_json, write_json
 from pgherd.local.objects import ObjectStore
+from pgherd.local.pods import Credentials
 from pgherd.local.postgres.resolve import PostgresInstall, PostgresUnavailable, resolve
 from pgherd.local.s3server import S3ServerUnavailable, choose_backend, free_port
 from pgherd.local.state import MemberState, S3Endpoint, SandboxState, binaries_missing
@@ -209,10 +211,11 @@ class Sandbox:
         state = self.state()
         recorded: dict[str, Any] = read_json(self.paths.status_file, {}) or {}
         members = recorded.get("members", [])
-        ports = [m["port"] for m in members] or [state.base_port]
-        rw = _dsn(
-            ports, state.app_user, state.app_password, state.app_database, target_session_attrs="read-write"
-        )
+        addresses = [(str(m["name"]), int(m["port"])) for m in members] or [
+            (f"{state.cluster}-0", state.base_port)
+        ]
+        dsns = SandboxDsns(self.paths, state, Credentials(self.paths, state))
+        rw = dsns.app([port for _, port in addresses], target_session_attrs="read-write")
         objects = self.objects
         return {
             "cluster": state.cluster,
@@ -225,9 +228,7 @@ class Sandbox:
             "timeline": recorded.get("timeline"),
             "members": members,
             "rwDsn": rw,
-            "superuserDsn": _dsn(
-                ports, "postgres", state.superuser_password, "postgres", target_session_attrs="read-write"
-            ),
+            "superuserDsn": dsns.superuser(addresses, target_session_attrs="read-write"),
             "conditions": recorded.get("conditions", []),
             "operation": recorded.get("operation"),
             "backups": [
@@ -463,19 +464,6 @@ def _alive(pid: int) -> bool:
         except (OSError, IndexError):
             return True
     return done == 0
-
-
-def _dsn(ports: list[int], user: str, password: str, dbname: str, **extra: str) -> str:
-    parts = {
-        "host": ",".join("127.0.0.1" for _ in ports),
-        "port": ",".join(str(p) for p in ports),
-        "user": user,
-        "password": password,
-        "dbname": dbname,
-        "connect_timeout": "2",
-        **extra,
-    }
-    return " ".join(f"{k}='{v}'" for k, v in parts.items())
 
 
 def _ephemeral_ports() -> tuple[int, int]:
