@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -18,6 +19,7 @@ from pgherd.api.common import (
     rule,
 )
 from pgherd_backup.postgres import parameters as user_parameters
+from pgherd_backup.retention import parse_duration
 
 KIND = "PostgresCluster"
 PLURAL = "postgresclusters"
@@ -412,6 +414,49 @@ class NetworkPolicy(ApiModel):
     )
 
 
+
+# spec.tls.certificateLifetime: hours, days or weeks (no minutes: an hour at least). At most 825 days,
+# the longest validity clients commonly accept for a server certificate.
+CERTIFICATE_LIFETIME_PATTERN = r"^[1-9][0-9]{0,5}(h|d|w)$"
+CERTIFICATE_LIFETIME = "90d"
+CERTIFICATE_LIFETIME_MAX = timedelta(days=825)
+
+
+class TlsVersion(StrEnum):
+    TLS_1_2 = "TLSv1.2"
+    TLS_1_3 = "TLSv1.3"
+
+
+class Tls(ApiModel):
+    certificate_lifetime: str = Field(
+        default=CERTIFICATE_LIFETIME,
+        pattern=CERTIFICATE_LIFETIME_PATTERN,
+        description=(
+            "How long each certificate pgherd issues (the members' server certificate, the replication"
+            " client certificate) is valid: e.g. 90d (the default), 2160h, 12w; 1h at least, 825d at most."
+            " Renewed when two thirds of it have passed; the members reload it without a restart."
+        ),
+    )
+    min_protocol_version: TlsVersion = Field(
+        default=TlsVersion.TLS_1_3,
+        description=(
+            "The oldest TLS version PostgreSQL accepts (ssl_min_protocol_version): TLSv1.3 (the default)"
+            " or TLSv1.2. A change restarts the members one by one (replicas first, the primary last)."
+        ),
+    )
+
+    @field_validator("certificate_lifetime")
+    @classmethod
+    def _lifetime_in_bounds(cls, value: str) -> str:
+        if parse_duration(value) > CERTIFICATE_LIFETIME_MAX:
+            raise ValueError("certificateLifetime: 825d at most")
+        return value
+
+    @property
+    def lifetime(self) -> timedelta:
+        return parse_duration(self.certificate_lifetime)
+
+
 _SPEC_RULES = cel(
     rule(
         "!has(self.postgresVersion) || !has(oldSelf.postgresVersion)"
@@ -532,6 +577,21 @@ class PostgresClusterSpec(ApiModel):
     backup: BackupSpec | None = None
     recovery: Recovery = Field(default_factory=Recovery)
     network_policy: NetworkPolicy = Field(default_factory=NetworkPolicy)
+    tls: Tls = Field(
+        default_factory=Tls,
+        description=(
+            "PostgreSQL's TLS (always on): the lifetime of the certificates pgherd issues and the oldest"
+            " protocol version accepted."
+        ),
+    )
+    superuser_network_access: bool = Field(
+        default=False,
+        description=(
+            "Whether the superuser may log in over the network (TLS and its password). false (the"
+            " default): only on the members' Unix sockets, for pgherd's own tools. A change restarts the"
+            " members one by one (replicas first, the primary last)."
+        ),
+    )
     paused: bool = Field(default=False, description="Observe and report only; take no action.")
 
     @field_validator("parameters")
@@ -574,6 +634,13 @@ class Member(StatusModel):
     lag_bytes: int | None = None
 
 
+class CertificateStatus(StatusModel):
+    name: str = Field(description="server (the members') or replication (the replication account's client).")
+    secret: str = Field(description="The Secret holding it.")
+    not_after: str | None = Field(default=None, description="When it expires (UTC).")
+    renew_at: str | None = Field(default=None, description="When pgherd issues it again (UTC).")
+
+
 class PostgresClusterStatus(StatusModel):
     phase: Phase = Phase.PENDING
     conditions: list[Condition] = Field(default_factory=list)
@@ -610,6 +677,10 @@ class PostgresClusterStatus(StatusModel):
             " operator resumes from it. Owned by the operator."
         ),
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    certificates: list[CertificateStatus] = Field(
+        default_factory=list,
+        description="The certificates pgherd issued for the cluster: when each expires and is renewed.",
     )
     last_successful_backup: str | None = None
     first_recoverability_point: str | None = None

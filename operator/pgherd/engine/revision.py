@@ -1,4 +1,5 @@
-"""The spec revision: what a member must be restarted for (image, restart-only parameters, resources).
+"""The spec revision: what a member must be restarted for (image, restart-only parameters, resources,
+the agent's TLS flags).
 
 Settings PostgreSQL applies on reload are not part of it: the adapter reloads them without a restart.
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from pgherd.api.cluster import PostgresClusterSpec
+from pgherd.api.cluster import PostgresClusterSpec, TlsVersion
 
 # postmaster-context settings: a change takes effect only after a restart.
 RESTART_PARAMETERS = frozenset(
@@ -70,5 +71,10 @@ def spec_revision(spec: PostgresClusterSpec, image: str | None = None, restart: 
     }
     if restart:
         payload["restart"] = restart
+    # Agent flags read at start; absent at their defaults, so that existing revisions stay as they were.
+    if spec.superuser_network_access:
+        payload["superuserNetworkAccess"] = True
+    if spec.tls.min_protocol_version != TlsVersion.TLS_1_3:
+        payload["tlsMinProtocolVersion"] = spec.tls.min_protocol_version.value
     digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
     return digest[:12]
