@@ -91,9 +91,10 @@ class OwnedObjects:
 
     async def ensure(self, body: JSON, spec: PostgresClusterSpec, image: str, revision: str) -> AgentSecrets:
         """Every owned object as the builders describe them. Nothing is built again while the cluster's
-        spec (its generation) and image stay as they were when all of them were last applied."""
+        spec (its generation), image and revision (a restart asked for changes it alone) stay as they
+        were when all of them were last applied."""
         meta = body["metadata"]
-        key = (meta.get("uid"), meta.get("generation"), image)
+        key = (meta.get("uid"), meta.get("generation"), image, revision)
         if self._secrets is not None and key[1] is not None and key == self._ensured:
             return self._secrets
         ref = self.ref(body, spec, image, revision)
