@@ -52,15 +52,15 @@ def configure_logging(credentials: Credentials) -> None:
     root.setLevel(logging.INFO)
 
 
-# How often (seconds) the agent looks for renewed certificates: a Secret's new content reaches the
-# pod's files within the kubelet's sync period (about a minute) anyway.
+# How often (seconds) the agent looks for renewed certificates (PostgreSQL's and its own HTTPS server's):
+# a Secret's new content reaches the pod's files within the kubelet's sync period (about a minute) anyway.
 CERTIFICATE_CHECK = 10
 
 
 def run(options: AgentOptions) -> int:
     credentials = load_credentials(options)
     configure_logging(credentials)
-    context = None
+    served = None
     if options.no_tls:
         log.warning(
             "!!! --no-tls: the agent's API, its bearer token included, travels in clear text. "
@@ -69,7 +69,7 @@ def run(options: AgentOptions) -> int:
     else:
         assert options.tls_cert is not None and options.tls_key is not None
         try:
-            context = tls.server_context(options.tls_cert, options.tls_key)
+            served = tls.ServedCertificate(options.tls_cert, options.tls_key)
         except (OSError, ValueError) as exc:
             raise UsageError(
                 f"cannot load the TLS certificate {options.tls_cert} / key {options.tls_key}: {exc}"
@@ -77,6 +77,7 @@ def run(options: AgentOptions) -> int:
     instance = Instance(options, credentials)
     instance.prepare_volume()
     try:
+        context = None if served is None else served.context
         server = AgentServer(instance, options.listen, options.port, context)
     except OSError as exc:
         raise UsageError(
@@ -117,6 +118,8 @@ def run(options: AgentOptions) -> int:
         ticks += 1
         if ticks % CERTIFICATE_CHECK == 0:
             instance.refresh_tls()
+            if served is not None and (renewed := served.refresh()) is not None:
+                server.context = renewed  # the next handshakes; connections open keep theirs
     instance.terminate()
     server.stop()
     if metrics is not None:

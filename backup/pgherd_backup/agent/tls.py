@@ -7,7 +7,9 @@ another cluster's member. Keys are ECDSA P-256: small, and made in milliseconds.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import ipaddress
+import logging
 import os
 import ssl
 from collections.abc import Iterable
@@ -18,6 +20,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+log = logging.getLogger("pgherd.agent")
 
 CA_DAYS = 3650
 SERVER_DAYS = 825  # the longest validity clients commonly accept for a server certificate
@@ -41,6 +45,13 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
+
+
+def _validity(
+    now: datetime.datetime | None, lifetime: datetime.timedelta | None, days: int
+) -> tuple[datetime.datetime, datetime.datetime]:
+    start = now or _now()
+    return start - datetime.timedelta(minutes=5), start + (lifetime or datetime.timedelta(days=days))
 
 
 # X.509 caps a common name at 64 characters; a member's DNS name in a long namespace is longer. Clients
@@ -116,8 +127,11 @@ def make_server_cert(
     dns: Iterable[str] = (),
     headless_service: str | None = None,
     days: int = SERVER_DAYS,
+    lifetime: datetime.timedelta | None = None,
+    now: datetime.datetime | None = None,
 ) -> tuple[bytes, bytes]:
-    """A server certificate for `member`, signed by the cluster CA: (certificate PEM, key PEM)."""
+    """A server certificate for `member`, signed by the cluster CA: (certificate PEM, key PEM), valid
+    from `now` (5 minutes before, for clocks a little behind) for `lifetime` (else `days`)."""
     ca_cert = x509.load_pem_x509_certificate(ca_cert_pem)
     ca_key = serialization.load_pem_private_key(ca_key_pem, password=None)
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
@@ -126,7 +140,7 @@ def make_server_cert(
     dns_names, addresses = server_names(member, ips=ips, dns=dns, headless_service=headless_service)
     alt_names: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
     alt_names += [x509.IPAddress(ipaddress.ip_address(a)) for a in addresses]
-    now = _now()
+    valid_from, valid_until = _validity(now, lifetime, days)
     cert = (
         x509.CertificateBuilder()
         .subject_name(
@@ -140,8 +154,8 @@ def make_server_cert(
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=days))
+        .not_valid_before(valid_from)
+        .not_valid_after(valid_until)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
@@ -154,10 +168,17 @@ def make_server_cert(
 
 
 def make_client_cert(
-    ca_cert_pem: bytes, ca_key_pem: bytes, user: str, *, days: int = SERVER_DAYS
+    ca_cert_pem: bytes,
+    ca_key_pem: bytes,
+    user: str,
+    *,
+    days: int = SERVER_DAYS,
+    lifetime: datetime.timedelta | None = None,
+    now: datetime.datetime | None = None,
 ) -> tuple[bytes, bytes]:
     """A client certificate for the PostgreSQL role `user` (its common name: what pg_hba's `cert`
-    method matches), signed by the cluster CA: (certificate PEM, key PEM)."""
+    method matches), signed by the cluster CA: (certificate PEM, key PEM); validity as
+    `make_server_cert`'s."""
     ca_cert = x509.load_pem_x509_certificate(ca_cert_pem)
     ca_key = serialization.load_pem_private_key(ca_key_pem, password=None)
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
@@ -165,7 +186,7 @@ def make_client_cert(
     if len(user) > _COMMON_NAME_MAX:
         raise ValueError(f"a client certificate's user name is at most {_COMMON_NAME_MAX} characters")
     key = ec.generate_private_key(ec.SECP256R1())
-    now = _now()
+    valid_from, valid_until = _validity(now, lifetime, days)
     cert = (
         x509.CertificateBuilder()
         .subject_name(
@@ -179,8 +200,8 @@ def make_client_cert(
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=days))
+        .not_valid_before(valid_from)
+        .not_valid_after(valid_until)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
         .add_extension(
@@ -241,6 +262,36 @@ def issue(
         write_private(paths[0], cert_pem)
         client_files[user] = paths
     return IssuedFiles(ca_cert, ca_key, issued, client_files)
+
+
+class ServedCertificate:
+    """The agent's HTTPS certificate, followed: `refresh()` makes a new SSLContext once the files
+    changed (a renewed Secret, which the kubelet swaps whole), for the server's next handshakes; the
+    connections already open keep theirs, and a pair that does not load keeps the one in use."""
+
+    def __init__(self, cert_file: Path, key_file: Path) -> None:
+        self.cert_file, self.key_file = cert_file, key_file
+        self.context = server_context(cert_file, key_file)
+        self._loaded = self._digest()
+
+    def _digest(self) -> bytes:
+        return hashlib.sha256(self.cert_file.read_bytes() + b"\0" + self.key_file.read_bytes()).digest()
+
+    def refresh(self) -> ssl.SSLContext | None:
+        """The new context when the files changed and load, else None."""
+        try:
+            digest = self._digest()
+            if digest == self._loaded:
+                return None
+            context = server_context(self.cert_file, self.key_file)
+        except (OSError, ValueError, ssl.SSLError) as exc:
+            log.warning(
+                "cannot load the renewed certificate %s (%s): keeping the one served", self.cert_file, exc
+            )
+            return None
+        self.context, self._loaded = context, digest
+        log.info("serving the renewed certificate %s", self.cert_file)
+        return context
 
 
 def server_context(cert_file: Path | str, key_file: Path | str) -> ssl.SSLContext:
