@@ -644,3 +644,52 @@ def test_dockerignore_keeps_local_state_out() -> None:
     assert local_state <= patterns
     needed = {"operator", "backup", "pyproject.toml", "README.md", "constraints.txt", "scripts"}
     assert not {*needed, "scripts/install-pgherd.sh", "*", "**"} & patterns
+
+
+# -- Prometheus Operator objects (monitoring.*): the PrometheusRule is exactly monitoring/alerts.yaml, and
+# the PodMonitors select what the alerts expect ----------------------------------------------------------
+
+ALERTS = CHART / "monitoring" / "alerts.yaml"
+
+
+def test_nothing_is_rendered_by_default(helm: str) -> None:
+    kinds = {obj["kind"] for obj in render(helm)}
+    assert not kinds & {"PrometheusRule", "PodMonitor"}
+
+
+def test_the_rule_and_the_monitors_when_asked(helm: str, tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "monitoring": {
+                    "prometheusRule": {"enabled": True, "labels": {"release": "kps"}},
+                    "podMonitor": {"enabled": True, "labels": {"release": "kps"}, "interval": "15s"},
+                }
+            }
+        )
+    )
+    objects = render(helm, "--values", str(values))
+    rules = [o for o in objects if o["kind"] == "PrometheusRule"]
+    assert len(rules) == 1
+    assert rules[0]["spec"] == yaml.safe_load(ALERTS.read_text())
+    assert rules[0]["metadata"]["labels"]["release"] == "kps"
+    monitors = {o["metadata"]["name"]: o for o in objects if o["kind"] == "PodMonitor"}
+    assert set(monitors) == {"pgherd-members", "pgherd-operator"}
+    members = monitors["pgherd-members"]["spec"]
+    assert members["namespaceSelector"] == {"any": True}
+    assert members["selector"]["matchLabels"] == {"app.kubernetes.io/component": "postgres"}
+    assert members["podMetricsEndpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s"}]
+    operator = monitors["pgherd-operator"]["spec"]
+    endpoint = operator["podMetricsEndpoints"][0]
+    assert endpoint["port"] == "metrics" and endpoint["honorLabels"] is True
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert operator["selector"]["matchLabels"].items() <= pod_labels.items()
+    ports = {
+        p["name"]: p["containerPort"]
+        for p in deployment["spec"]["template"]["spec"]["containers"][0]["ports"]
+    }
+    assert ports["metrics"] == 9187
+    # PgherdOperatorDown looks for the operator's job by this name.
+    assert 'pgherd-operator"' in ALERTS.read_text()
