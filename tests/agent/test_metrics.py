@@ -326,6 +326,9 @@ CUSTOM = """
 - name: slow
   query: SELECT 1 AS x FROM pg_sleep(30)
   metrics: [{column: x, usage: gauge}]
+- name: twice
+  query: SELECT 'a' AS l, 1 AS v UNION ALL SELECT 'a', 2
+  metrics: [{column: l, usage: label}, {column: v, usage: gauge}]
 - name: Bad-Name
   query: SELECT 1 AS x
   metrics: [{column: x, usage: gauge}]
@@ -349,8 +352,8 @@ def test_custom_queries_from_a_file_a_bad_one_reported_and_the_rest_served(agent
     assert "pgherd_custom_activity_nothing" not in metrics.samples  # NULL: no sample
     assert metrics.value("pgherd_custom_transaction_read_only") == 1
     errors = metrics.values("pgherd_custom_query_errors_total", "query")
-    assert set(errors) == {"broken", "two_statements", "writer", "slow"}, errors
-    assert metrics.value("pgherd_custom_queries_loaded") == 6
+    assert set(errors) == {"broken", "two_statements", "writer", "slow", "twice"}, errors
+    assert metrics.value("pgherd_custom_queries_loaded") == 7
     assert metrics.value("pgherd_custom_queries_refused") == 2  # Bad-Name, labels_only
     assert "Bad-Name" in primary.log and "no column is a gauge or a counter" in primary.log
     assert not primary.sql("SELECT 1 FROM pg_class WHERE relname = 'written_by_a_metric'")
@@ -387,19 +390,26 @@ def test_the_custom_queries_file_is_checked_entry_by_entry():
 - {name: __reserved, query: SELECT 1 AS v, metrics: [{column: v, usage: gauge}]}
 - {name: empty, query: ' ', metrics: [{column: v, usage: gauge}]}
 - just a string
+- {name: queries, query: SELECT 1 AS loaded, metrics: [{column: loaded, usage: gauge}]}
+- {name: c, query: SELECT 1 AS n_total, metrics: [{column: n_total, usage: gauge}]}
+- {name: c_n, query: SELECT 1 AS x, metrics: [{column: x, usage: gauge}]}
+- {name: d, query: SELECT 1 AS n, metrics: [{column: n, usage: counter}]}
+- {name: d_n, query: SELECT 1 AS total, metrics: [{column: total, usage: gauge}]}
 """
     queries, problems = custom_queries.parse(text, "q.yaml")
-    assert [q.name for q in queries] == ["ok", "ok_x", "a"]
+    assert [q.name for q in queries] == ["ok", "ok_x", "a", "c", "c_n", "d"]
     assert queries[2].metric_name(queries[2].values[0]) == "pgherd_custom_a_b_c"
     expected = [
         "q.yaml: query #2 (ok): another query has the name 'ok'",
-        "q.yaml: query #5 (a_b): pgherd_custom_a_b_c already made by another query",
+        "q.yaml: query #5 (a_b): pgherd_custom_a_b_c (with or without _total) already made",
         "q.yaml: query #6 (lab): column member: the agent sets the label 'member' itself",
         "q.yaml: query #7 (kind): column v: usage 'histogram', expected one of gauge, counter, label",
         "q.yaml: query #8 (extra): unknown key(s) database",
         "q.yaml: query #9 (__reserved): name '__reserved' is not a metric name",
         "q.yaml: query #10 (empty): query: a SELECT is required",
         "q.yaml: query #11: expected a mapping {name, query, help, metrics}, got a string",
+        "q.yaml: query #12 (queries): pgherd_custom_queries_loaded is the agent's own metric",
+        "q.yaml: query #16 (d_n): pgherd_custom_d_n (with or without _total) already made",
     ]
     assert len(problems) == len(expected), problems
     for problem, start in zip(problems, expected, strict=True):

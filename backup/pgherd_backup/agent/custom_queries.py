@@ -39,6 +39,10 @@ USAGES = ("gauge", "counter", "label")
 QUERY_KEYS = frozenset({"name", "query", "help", "metrics"})
 COLUMN_KEYS = frozenset({"column", "usage"})
 RESERVED_LABELS = frozenset({"cluster", "member"})  # the agent's own labels on every metric
+# The agent's own metrics about these queries (metrics.py), as exposed without a counter's _total.
+RESERVED_METRICS = frozenset(
+    f"{PREFIX}{name}" for name in ("query_errors", "queries_loaded", "queries_refused")
+)
 TIMEOUT = 2.0  # seconds, each query's statement_timeout
 MAX_ROWS = 1000  # more is a cardinality accident, not a metric: the query fails
 CURSOR = "pgherd_custom_query"
@@ -112,17 +116,27 @@ def parse(text: str, source: str) -> tuple[tuple[CustomQuery, ...], list[str]]:
         except QueryError as exc:
             problems.append(f"{where}: {exc}")
             continue
-        names = {query.metric_name(c) for c in query.values}
+        names = {_exposed(query.metric_name(c)) for c in query.values}
         if any(q.name == query.name for q in queries):
             problems.append(f"{where}: another query has the name {query.name!r}")
+        elif names & RESERVED_METRICS:
+            problems.append(
+                f"{where}: {', '.join(sorted(names & RESERVED_METRICS))} is the agent's own metric"
+            )
         elif names & metric_names:
             problems.append(
-                f"{where}: {', '.join(sorted(names & metric_names))} already made by another query"
+                f"{where}: {', '.join(sorted(names & metric_names))} (with or without _total) already made"
+                " by another query"
             )
         else:
             queries.append(query)
             metric_names |= names
     return tuple(queries), problems
+
+
+def _exposed(name: str) -> str:
+    """A metric's name as two families could clash on: a counter is exposed with _total."""
+    return name.removesuffix("_total")
 
 
 _KINDS: dict[type, str] = {dict: "mapping", list: "list", str: "string"}
@@ -245,8 +259,12 @@ def run(conn: psycopg.Connection[Any], query: CustomQuery, timeout: float = TIME
         raise QueryError(f"no column {', '.join(missing)} in its result ({', '.join(columns)})")
     position = {name: columns.index(name) for name in (c.column for c in query.metrics)}
     out = []
+    seen: set[tuple[str, ...]] = set()
     for row in rows:
         labels = tuple("" if row[position[n]] is None else str(row[position[n]]) for n in query.labels)
+        if labels in seen:  # two samples of one series: Prometheus would drop them
+            raise QueryError(f"two rows with the same labels {dict(zip(query.labels, labels, strict=True))}")
+        seen.add(labels)
         values = tuple(_number(row[position[c.column]], c.column) for c in query.values)
         out.append((labels, values))
     return Result(query, tuple(out))

@@ -597,7 +597,11 @@ class MetricsServer:
             if sep and name.strip().lower() == "accept":
                 accept = value.strip()
         loop = asyncio.get_running_loop()
-        content_type, body = await loop.run_in_executor(self._pool, self._render, accept)
+        try:
+            content_type, body = await loop.run_in_executor(self._pool, self._render, accept)
+        except Exception:  # a bug: logged (Shared logs a failed reading), answered, the server goes on
+            log.exception("the agent's metrics could not be written")
+            return method, 500, "text/plain", b"the agent's metrics failed: see its log\n"
         return method, 200, content_type, body
 
     def _render(self, accept: str) -> tuple[str, bytes]:
