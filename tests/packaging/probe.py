@@ -3,8 +3,9 @@
     python probe.py imports    every module of pgherd and pgherd_backup imports, and every third-party
                                import in them (lazy ones included) is installed: JSON {"errors": [...],
                                "files": {"pgherd": ".../site-packages/pgherd/__init__.py", ...}}
-    python probe.py commands   every command path of both console scripts, subcommands included:
-                               JSON {"pgherd": [["crds"], ["sandbox", "up"], ...], "pgherd-backup": ...}
+    python probe.py commands   every command path of the console scripts, subcommands included:
+                               JSON {"pgherd": [["crds"], ["sandbox", "up"], ...], "pgherd-backup": ...,
+                               "kubectl-pgherd": [["status"], ["upgrade", "confirm"], ...]}
 
 It uses the standard library and the installed packages only: nothing of the checkout, nothing of pytest.
 """
@@ -77,11 +78,13 @@ def _paths(parser: argparse.ArgumentParser, prefix: list[str]) -> Iterator[list[
 
 def commands() -> dict[str, list[list[str]]]:
     from pgherd.cli import build_parser as pgherd_parser
+    from pgherd.plugin.cli import build_parser as plugin_parser
     from pgherd_backup.cli import build_parser as backup_parser
 
     return {
         "pgherd": list(_paths(pgherd_parser(), [])),
         "pgherd-backup": list(_paths(backup_parser(), [])),
+        "kubectl-pgherd": list(_paths(plugin_parser(), [])),
     }
 
 

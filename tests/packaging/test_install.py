@@ -290,6 +290,9 @@ def _help_of_every_command(installed: Installed) -> list[str]:
     assert {"snapshot", "wal-push", "wal-fetch", "restore", "verify", "prune", "instance"} <= {
         path[0] for path in commands["pgherd-backup"]
     }
+    assert {"status", "switchover", "restart", "backup", "restore", "psql", "logs", "report", "version"} <= {
+        path[0] for path in commands["kubectl-pgherd"]
+    }
     runs: list[Sequence[str]] = [
         [script, *path, "--help"] for script, paths in commands.items() for path in [[], *paths]
     ]

@@ -583,7 +583,7 @@ def test_restore_wait_follows_its_phases(kube: Kube, namespace: str, admin: Path
     out, err = waiting.communicate(timeout=60)
     assert waiting.returncode == 0, err
     assert f"Restore {name} created: pg is restored in place from b1 to 2026-01-01T12:30:00Z" in out
-    assert "Fencing; the cluster: Running" in out and "Restoring (50% of 1024 B)" in out
+    assert "Fencing; the cluster: Running" in out and "Restoring (50% of 1.0Ki)" in out
     assert "Completed: pg restored on timeline 2; the members' old data kept aside" in out
     failing = start(
         admin, namespace, "restore", "pg", "--snapshot", "20260101T120000", "--wait", "--timeout", "60"

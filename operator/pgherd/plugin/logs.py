@@ -53,7 +53,8 @@ def parse(member: str, raw: str) -> Line:
         return Line("", member, "", raw)
     seconds, fraction, zone, text = match.groups()
     key = f"{seconds}.{(fraction or '').ljust(9, '0')[:9]}{zone}"
-    return Line(key, member, f"{seconds}{'.' + fraction[:6] if fraction else ''}{zone}", text)
+    # Shown to the microsecond, always six digits: the times read in order as they sort.
+    return Line(key, member, f"{seconds}.{(fraction or '').ljust(6, '0')[:6]}{zone}", text)
 
 
 def readable(text: str) -> str:

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from pgherd.api.annotations import RESTART
+from pgherd.api.backup import human_size
 from pgherd.engine.status import OperationKind
 from pgherd.kube import names
 from pgherd.plugin import manifests, requests
@@ -230,7 +231,12 @@ def _restore_progress(kube: Kube, cluster: str, name: str) -> Progress:
         )
     progress = status.get("progress") or {}
     done, total = progress.get("bytesDone"), progress.get("bytesTotal")
-    amount = f" ({100 * int(done or 0) // int(total)}% of {total} B)" if total else ""
+    # Bytes count while the snapshot is fetched; replaying and rebuilding have no such measure.
+    amount = (
+        f" ({100 * int(done or 0) // int(total)}% of {human_size(int(total))})"
+        if total and phase == "Restoring"
+        else ""
+    )
     return Progress(f"{phase}{amount}; the cluster: {_state(kube.cluster(cluster))}")
 
 

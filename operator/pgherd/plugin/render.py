@@ -186,7 +186,8 @@ def _replication(replication: Mapping[str, Any]) -> list[str]:
 
 
 def _archiving(archiving: Mapping[str, Any], now: datetime) -> list[str]:
-    if not archiving["enabled"]:
+    reported = archiving.get("state")  # the condition's reason: Archiving, ArchiveFailing, Disabled
+    if not archiving["enabled"] or reported == "Disabled":
         return ["", "Continuous archiving: off (no backup store, or backup.walArchiving false)"]
     state = "failing" if archiving.get("healthy") == "False" else "on"
     out = [

@@ -2,8 +2,8 @@
 Backups, Restores, pods, PVCs, Jobs, StatefulSet, Events, the operator's and each member's recent logs,
 and the `status` output.
 
-No Secret value goes in: the bundle never reads a Secret (the status inside it reads only the
-certificates' public part of the agent Secret, as `status` does). Objects that name Secrets (a pod's
+No Secret value goes in: the bundle reads no Secret but the agent Secret, for the status inside it, and
+of that only the certificates (their public part), as `status` does. Objects that name Secrets (a pod's
 `secretKeyRef`, the store's `secretName`) name them only.
 """
 
@@ -157,8 +157,8 @@ def readme(kube: Kube, name: str, bundle: Bundle) -> str:
         f"pgherd support bundle of PostgresCluster {name}, namespace {kube.namespace}",
         f"made {now_text()} by kubectl pgherd report, context {kube.context or '-'}, API server {kube.server}",
         "",
-        "No Secret value is in it: Secrets are never read (status.txt shows the certificates' expiry, read",
-        "from the public certificates alone). Logs: the last lines of each container, times from the API server.",
+        "No Secret value is in it: no Secret is read but the agent Secret, and of it only the certificates",
+        "(their expiry, in status.txt). Logs: the last lines of each container, times from the API server.",
         "",
         "Files:",
         *(f"  {path}" for path in sorted(bundle.files)),
