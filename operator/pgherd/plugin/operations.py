@@ -14,6 +14,7 @@ from pgherd.api.backup import human_size
 from pgherd.engine.status import OperationKind
 from pgherd.kube import names
 from pgherd.plugin import manifests, requests
+from pgherd.plugin.document import now_text
 from pgherd.plugin.errors import PluginError
 from pgherd.plugin.explain import engine_status
 from pgherd.plugin.follow import Progress, follow
@@ -45,6 +46,7 @@ def switchover(
     request = requests.switchover(cluster, to)
     require_operator(kube)
     old = (cluster.get("status") or {}).get("currentPrimary")
+    asked_at = now_text()
     kube.patch_cluster(name, request.patch)
     _said(out, f"asked: {request.said}")
     if not wait:
@@ -59,7 +61,11 @@ def switchover(
             return Progress(_state(now))
         if primary != old and (to is None or primary == to):
             return Progress(f"switched over: {primary} is the primary ({_state(now)})", done=True)
-        said = [e["message"] for e in cluster_events(kube, name) if e["reason"] == "Switchover"]
+        said = [
+            e["message"]
+            for e in cluster_events(kube, name)
+            if e["reason"] == "Switchover" and (e["time"] or "")[:19] >= asked_at[:19]
+        ]
         why = said[-1] if said else f"the switchover did not happen: {_state(now)}"
         return Progress(why, done=True, failed=why)
 

@@ -288,7 +288,7 @@ def _conditions(conditions: Sequence[Mapping[str, Any]], now: datetime) -> list[
     out = ["", "Conditions not True:"]
     for c in conditions:
         out.append(
-            f"  {c['type']} {c['status']} ({c['reason']}, since {_moment(c['since'], now)}): {c['message']}"
+            f"  {c['type']} {c['status']} ({c['reason']}{', since ' + _moment(c['since'], now) if c.get('since') else ''}): {c['message']}"
         )
     return out
 

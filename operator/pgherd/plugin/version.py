@@ -25,7 +25,7 @@ def record(deployment: Mapping[str, Any]) -> OperatorRecord:
         image=operator.get("image"),
         version=(meta.get("labels") or {}).get(LABEL_VERSION),
         ready=int(status.get("readyReplicas") or 0),
-        wanted=int(spec.get("replicas", 1) if spec.get("replicas") is not None else 1),
+        wanted=int(spec["replicas"]) if spec.get("replicas") is not None else 1,
     )
 
 
