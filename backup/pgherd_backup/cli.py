@@ -122,6 +122,7 @@ def _emit(value: dict[str, Any], result_file: str | None) -> None:
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
     from pgherd_backup.compression import Codec
+    from pgherd_backup.postgres.sslkey import usable_sslkey
     from pgherd_backup.progress import Progress
     from pgherd_backup.snapshot import SnapshotOptions, take_snapshot
 
@@ -141,7 +142,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         max_rate=args.max_rate,
         verify_checksums=not args.no_verify_checksums,
     )
-    manifest = take_snapshot(store, args.source, options=options, progress=Progress("snapshot"))
+    with usable_sslkey(args.source) as source:  # a mounted key libpq would refuse: a private copy
+        manifest = take_snapshot(store, source, options=options, progress=Progress("snapshot"))
     summary = manifest.summary() | {"store": store.location.url()}
     if args.verify:
         summary |= verification(store, manifest)

@@ -480,12 +480,13 @@ def test_namespaced_true_without_namespaces_renders_a_cluster_role(helm: str) ->
     assert documented_grants()[NAMESPACED_SECTION] <= grants(the_one(objects, "ClusterRole")["rules"])
 
 
-# The operator's requests on Secrets (operator/pgherd/kube/objects.py): created once, read back by name.
-SECRET_VERBS = {"get", "create"}
+# The operator's requests on Secrets (operator/pgherd/kube/objects.py): created once, read back by name,
+# and the agents' certificates renewed (a PUT of the Secret read, with its resourceVersion).
+SECRET_VERBS = {"get", "create", "update"}
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_secrets_are_only_read_and_created(rendered: dict[str, list[Obj]], scenario: str) -> None:
+def test_secrets_are_only_read_created_and_renewed(rendered: dict[str, list[Obj]], scenario: str) -> None:
     """No list or watch (which would hand over every Secret's content at once), no patch, no delete."""
     for role in roles(rendered[scenario]):
         verbs = {

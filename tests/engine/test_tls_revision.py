@@ -29,7 +29,7 @@ def test_the_agent_flags_are_a_new_revision_and_the_lifetime_is_not() -> None:
 
 @pytest.mark.parametrize("lifetime", ["30m", "0d", "826d", "1y", "90", "-1d"])
 def test_a_lifetime_under_an_hour_or_over_825_days_is_refused(lifetime: str) -> None:
-    with pytest.raises(ValidationError, match="certificateLifetime|certificate_lifetime"):
+    with pytest.raises(ValidationError, match=r"certificateLifetime|certificate_lifetime"):
         PostgresClusterSpec.model_validate({"tls": {"certificateLifetime": lifetime}})
 
 

@@ -17,7 +17,7 @@ import os
 import ssl
 import string
 from collections.abc import Iterator, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +124,7 @@ def secret_data(full: ClusterRef, operator_data: dict[str, str]) -> dict[str, di
     return {
         "superuser": secrets.generate_superuser_data(),
         "replication": secrets.generate_replication_data(),
-        "app": secrets.generate_app_data(full),
+        "app": secrets.generate_app_data(full, operator_data["ca.crt"]),
         "agent": secrets.generate_agent_data(full.name, full.namespace, operator_data),
         "operator": operator_data,
     }
@@ -167,7 +167,7 @@ def minimal_data(ref: ClusterRef, operator_data: dict[str, str]) -> dict[str, di
     return {
         "superuser": secrets.generate_superuser_data(),
         "replication": secrets.generate_replication_data(),
-        "app": secrets.generate_app_data(ref),
+        "app": secrets.generate_app_data(ref, operator_data["ca.crt"]),
         "agent": secrets.generate_agent_data(ref.name, ref.namespace, operator_data),
         "operator": operator_data,
     }
@@ -566,11 +566,15 @@ def test_every_pgherd_variable_is_read_by_the_agent(spec: dict[str, Any], monkey
     for name in ours - S3_VARIABLES:
         dest = name.removeprefix("PGHERD_").lower()
         got = getattr(args, dest)
+        if isinstance(got, bool):  # a switch: set by "true"
+            assert got is (env[name] == "true"), name
+            continue
         assert str(got if not isinstance(got, float) else int(got)) == env[name], name
     assert args.member == "demo-1"
     assert args.pgdata == Path(names.PGDATA)
     assert args.seed == "none"
     assert args.no_tls is False
+    assert args.pg_tls is True
 
 
 def test_agent_variables(full: ClusterRef, minimal: ClusterRef):
@@ -612,9 +616,10 @@ def test_every_file_the_agent_is_given_is_mounted_from_a_key_that_exists(full: C
     file_vars = [
         name
         for name in env_of(full)
-        if name.endswith("_FILE") or name in ("PGHERD_TLS_CERT", "PGHERD_TLS_KEY", "PGHERD_TLS_CA")
+        if name.startswith("PGHERD_")
+        and (name.endswith(("_FILE", "_CERT", "_KEY")) or name == "PGHERD_TLS_CA")
     ]
-    assert len(file_vars) == 8
+    assert len(file_vars) == 10
     for name in file_vars:
         path = Path(env_of(full)[name])
         volume = volumes[mounts[str(path.parent)]]
@@ -627,12 +632,12 @@ def test_every_file_the_agent_is_given_is_mounted_from_a_key_that_exists(full: C
 
 # --- Secrets -----------------------------------------------------------------------------------------
 
-SECRET_KEYS = ("password", "uri", "token", "tls.key", "ca.key", "token.sha256")
+SECRET_KEYS = ("password", "uri", "token", "tls.key", "ca.key", "token.sha256", "replication.key")
 
 
 def test_no_secret_value_leaves_the_secrets(full: ClusterRef, minimal: ClusterRef, secret_data):
     values = [data[key] for data in secret_data.values() for key in SECRET_KEYS if key in data]
-    assert len(values) == 8
+    assert len(values) == 9
     for ref in (full, minimal):
         text = json.dumps(non_secret_objects(ref))
         for value in values:
@@ -654,11 +659,19 @@ def test_secret_objects(full: ClusterRef, secret_data):
     assert values["demo-superuser"] == secret_data["superuser"]
     assert values["demo-superuser"]["username"] == "postgres"
     assert values["demo-replication"]["username"] == "streaming_replica"
-    assert set(values["demo-app"]) == {"username", "password", "dbname", "host", "port", "uri"}
+    assert set(values["demo-app"]) == {"username", "password", "dbname", "host", "port", "uri", "ca.crt"}
+    assert values["demo-app"]["ca.crt"] == secret_data["operator"]["ca.crt"]
     assert values["demo-app"]["host"] == "demo-rw.shop.svc"
     assert values["demo-app"]["port"] == "5432"
     assert (values["demo-app"]["username"], values["demo-app"]["dbname"]) == ("shopper", "orders")
-    assert set(values["demo-agent"]) == {"tls.crt", "tls.key", "ca.crt", "token.sha256"}
+    assert set(values["demo-agent"]) == {
+        "tls.crt",
+        "tls.key",
+        "ca.crt",
+        "token.sha256",
+        "replication.crt",
+        "replication.key",
+    }
     assert set(values["demo-operator"]) == {"token", "ca.crt", "ca.key"}
     with pytest.raises(ValueError, match="password"):
         secrets.superuser_secret(full, {"username": "postgres"})
@@ -666,16 +679,18 @@ def test_secret_objects(full: ClusterRef, secret_data):
 
 def test_the_uri_quotes_a_hostile_password(full: ClusterRef):
     password = "p@ss:w/o%rd?#& ='\\x"
-    data = secrets.app_data(full, password)
+    data = secrets.app_data(full, password, "the CA")
     uri = data["uri"]
-    assert uri.startswith("postgresql://shopper:") and uri.endswith("@demo-rw.shop.svc:5432/orders")
+    assert uri.startswith("postgresql://shopper:")
+    assert uri.endswith("@demo-rw.shop.svc:5432/orders?sslmode=verify-full")
     parsed = conninfo_to_dict(uri)
     assert parsed["password"] == password
-    assert (parsed["user"], parsed["host"], parsed["port"], parsed["dbname"]) == (
+    assert (parsed["user"], parsed["host"], parsed["port"], parsed["dbname"], parsed["sslmode"]) == (
         "shopper",
         "demo-rw.shop.svc",
         "5432",
         "orders",
+        "verify-full",
     )
 
 
@@ -708,16 +723,6 @@ def test_the_agent_credentials_work_together(full: ClusterRef, secret_data):
     assert handshake(agent, "demo-14.demo-headless.shop")  # the shorter spellings as well
     assert not handshake(agent, "demo-2.other-headless.shop.svc")
     assert not handshake(agent, "demo-2.demo-headless.elsewhere.svc")
-
-
-def test_the_agent_certificate_is_renewed_before_it_expires(secret_data):
-    agent = secret_data["agent"]
-    expires = secrets.certificate_not_after(agent["tls.crt"])
-    assert expires > datetime.now(UTC) + timedelta(days=365)
-    assert secrets.certificate_not_after(agent["ca.crt"]) > expires
-    assert not secrets.agent_certificate_due(agent, datetime.now(UTC))
-    assert not secrets.agent_certificate_due(agent, expires - timedelta(days=31))
-    assert secrets.agent_certificate_due(agent, expires - timedelta(days=29))
 
 
 def handshake(agent: Mapping[str, str], server_hostname: str) -> bool:
@@ -1028,7 +1033,7 @@ def test_the_snapshot_job(full: ClusterRef):
     assert c["terminationMessagePath"] == "/dev/termination-log"
     assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
     env = {e["name"]: e for e in c["env"]}
-    assert env["PGPASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "demo-replication", "key": "password"}
+    assert "PGPASSWORD" not in env  # the replication certificate, no password
     assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "s3-credentials"
 
     args = backup_cli.build_parser().parse_args(c["command"][1:])
@@ -1045,6 +1050,10 @@ def test_the_snapshot_job(full: ClusterRef):
         "dbname": "postgres",
         "application_name": "pgherd-snapshot",
         "connect_timeout": "10",
+        "sslmode": "verify-ca",
+        "sslrootcert": "/etc/pgherd/replication/ca.crt",
+        "sslcert": "/etc/pgherd/replication/replication.crt",
+        "sslkey": "/etc/pgherd/replication/replication.key",
     }
     odd = conninfo_to_dict(jobs.source_dsn("odd host'\\", 5433))
     assert (odd["host"], odd["port"]) == ("odd host'\\", "5433")
@@ -1117,3 +1126,126 @@ def test_agent_secrets_for_a_long_cluster_and_namespace_name() -> None:
     dns = set(alt.get_values_for_type(x509.DNSName))
     wanted = set(secret_builders.agent_server_names(cluster, namespace))
     assert wanted <= dns and any(len(name) > 64 for name in wanted)
+
+
+# --- PostgreSQL's TLS --------------------------------------------------------------------------------
+
+
+def test_the_members_certificate_names_every_way_a_client_reaches_them(full: ClusterRef, secret_data):
+    """verify-full through each Service (its four spellings), by a member's headless name or its pod
+    name (ordinals 0 to 14, instances' maximum): a real handshake each; another cluster's names fail."""
+    from cryptography import x509
+
+    agent = secret_data["agent"]
+    cert = x509.load_pem_x509_certificate(agent["tls.crt"].encode())
+    dns = set(
+        cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+            x509.DNSName
+        )
+    )
+    for service in ("demo-rw", "demo-ro", "demo-r"):
+        assert {service, f"{service}.shop", f"{service}.shop.svc", f"{service}.shop.svc.cluster.local"} <= dns
+    assert {f"demo-{i}" for i in range(15)} <= dns and "demo-15" not in dns
+    assert {"*.demo-headless.shop.svc", "*.demo-headless.shop", "*.demo-headless"} <= dns
+    for name in (
+        "demo-rw.shop.svc",
+        "demo-ro",
+        "demo-r.shop.svc.cluster.local",
+        "demo-14",
+        "demo-0.demo-headless.shop.svc",
+    ):
+        assert handshake(agent, name), name
+    for name in ("other-rw.shop.svc", "demo-rw.elsewhere.svc", "demo-15"):
+        assert not handshake(agent, name), name
+
+
+def test_the_replication_certificate_is_the_replication_accounts(secret_data):
+    """CN streaming_replica (what pg_hba's `cert` matches), for client authentication, signed by the
+    cluster's CA, with the key beside it."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    agent, operator = secret_data["agent"], secret_data["operator"]
+    cert = x509.load_pem_x509_certificate(agent["replication.crt"].encode())
+    ca = x509.load_pem_x509_certificate(operator["ca.crt"].encode())
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == names.REPLICATION_USER
+    usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usage) == [ExtendedKeyUsageOID.CLIENT_AUTH]
+    cert.verify_directly_issued_by(ca)
+    key = serialization.load_pem_private_key(agent["replication.key"].encode(), password=None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    assert key.public_key().public_numbers() == cert.public_key().public_numbers()  # type: ignore[union-attr]
+    lifetime = cert.not_valid_after_utc - cert.not_valid_before_utc
+    assert lifetime == timedelta(days=90, minutes=5)  # spec.tls.certificateLifetime's default
+
+
+def test_the_members_run_postgres_with_tls(full: ClusterRef):
+    env = env_of(full)
+    assert env["PGHERD_PG_TLS"] == "true"
+    assert env["PGHERD_REPLICATION_CERT"] == f"{names.AGENT_TLS_MOUNT}/replication.crt"
+    assert env["PGHERD_REPLICATION_KEY"] == f"{names.AGENT_TLS_MOUNT}/replication.key"
+    assert env["PGHERD_PG_TLS_MIN_VERSION"] == "TLSv1.3"
+    assert "PGHERD_SUPERUSER_NETWORK_ACCESS" not in env  # the superuser on the Unix socket only
+    asked = make_ref({**FULL_SPEC, "tls": {"minProtocolVersion": "TLSv1.2"}, "superuserNetworkAccess": True})
+    env = env_of(asked)
+    assert env["PGHERD_PG_TLS_MIN_VERSION"] == "TLSv1.2"
+    assert env["PGHERD_SUPERUSER_NETWORK_ACCESS"] == "true"
+    assert asked.revision != full.revision  # flags read at start: a rolling restart
+    pod = statefulset.statefulset(full)["spec"]["template"]["spec"]
+    (agent,) = [v for v in pod["volumes"] if v["name"] == statefulset.VOLUME_AGENT]
+    assert [i["key"] for i in agent["secret"]["items"]] == [
+        "tls.crt",
+        "tls.key",
+        "ca.crt",
+        "token.sha256",
+        "replication.crt",
+        "replication.key",
+    ]
+
+
+def test_the_snapshot_job_reads_by_the_replication_certificate_alone(full: ClusterRef, secret_data):
+    """Only the CA and the replication certificate and key of the agents' Secret reach the Job: never the
+    members' server key nor the token's digest; the DSN's files are where they are mounted."""
+    job = jobs.snapshot_job(full, "nightly", "demo-1.demo-headless.shop.svc", member="demo-1")
+    pod = job["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    secret_volumes = [v for v in pod["volumes"] if "secret" in v]
+    assert secret_volumes == [
+        {
+            "name": "replication-tls",
+            "secret": {
+                "secretName": "demo-agent",
+                "defaultMode": 0o440,
+                "items": [
+                    {"key": "ca.crt", "path": "ca.crt"},
+                    {"key": "replication.crt", "path": "replication.crt"},
+                    {"key": "replication.key", "path": "replication.key"},
+                ],
+            },
+        }
+    ]
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "replication-tls")
+    assert mount == {"name": "replication-tls", "mountPath": "/etc/pgherd/replication", "readOnly": True}
+    source = conninfo_to_dict(backup_cli.build_parser().parse_args(c["command"][1:]).source)
+    for key in ("sslrootcert", "sslcert", "sslkey"):
+        path = Path(source[key])
+        assert str(path.parent) == mount["mountPath"] and path.name in secret_data["agent"], key
+    assert "PGPASSWORD" not in {e["name"] for e in c["env"]}
+    assert "tls.key" not in json.dumps(job) and "token.sha256" not in json.dumps(job)
+    assert pod["securityContext"]["fsGroup"] == 999  # the files: root:999 0440, which libpq accepts
+
+
+def test_the_app_secret_verifies_the_server_and_an_old_one_is_upgraded(full: ClusterRef, secret_data):
+    data = secret_data["app"]
+    assert data["ca.crt"] == secret_data["operator"]["ca.crt"]
+    assert conninfo_to_dict(data["uri"])["sslmode"] == "verify-full"
+    assert conninfo_to_dict(data["uri"])["host"] == "demo-rw.shop.svc"  # a name the certificate holds
+    assert secrets.app_data_upgraded(full, data, data["ca.crt"]) is None
+    # A cluster made before TLS: no ca.crt, a URI without sslmode; the password stays.
+    old = {k: v for k, v in data.items() if k != "ca.crt"}
+    old["uri"] = old["uri"].removesuffix("?sslmode=verify-full")
+    upgraded = secrets.app_data_upgraded(full, old, data["ca.crt"])
+    assert upgraded == data
+    assert upgraded is not None and upgraded["password"] == old["password"]

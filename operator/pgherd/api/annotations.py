@@ -17,6 +17,9 @@ UPGRADE_ANNOTATIONS = (CONFIRM_UPGRADE, ROLLBACK_UPGRADE, RETRY_UPGRADE)
 # time): the value is part of the spec revision, so the engine's ordinary rollout restarts the members
 # in its safe order (replicas most lagging first, then a switchover, the old primary last).
 RESTART = "pgherd.io/restart"
+# Every certificate pgherd issued for the cluster is issued again when this takes a value it did not
+# have at the last renewal (any text; `date +%s` will do).
+ROTATE_CERTIFICATES = "pgherd.io/rotate-certificates"
 
 
 class UpgradeRequests(TypedDict):
@@ -43,4 +46,11 @@ def upgrade_requests(metadata: Mapping[str, Any]) -> UpgradeRequests:
 def restart_request(metadata: Mapping[str, Any]) -> str | None:
     """The value of the restart annotation in a cluster object's ``metadata`` (None: never asked)."""
     found = (metadata.get("annotations") or {}).get(RESTART)
+    return None if found is None or str(found) == "" else str(found)
+
+
+def rotate_request(metadata: Mapping[str, Any]) -> str | None:
+    """The value of the rotate-certificates annotation in a cluster object's ``metadata`` (None: never
+    asked)."""
+    found = (metadata.get("annotations") or {}).get(ROTATE_CERTIFICATES)
     return None if found is None or str(found) == "" else str(found)

@@ -59,6 +59,8 @@ KEEP_OLD_MAJOR_FOR = "1h"
 JOB_START_TIMEOUT_SECONDS = 300
 SNAPSHOT_DEADLINE_SECONDS = 6 * 3600
 S3_BUCKET_PATTERN = r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$"
+# spec.instances at most: the members' certificate names each of them in advance.
+MAX_INSTANCES = 15
 
 
 class ReplicationMode(StrEnum):
@@ -414,7 +416,6 @@ class NetworkPolicy(ApiModel):
     )
 
 
-
 # spec.tls.certificateLifetime: hours, days or weeks (no minutes: an hour at least). At most 825 days,
 # the longest validity clients commonly accept for a server certificate.
 CERTIFICATE_LIFETIME_PATTERN = r"^[1-9][0-9]{0,5}(h|d|w)$"
@@ -544,7 +545,7 @@ _SPEC_RULES = cel(
 class PostgresClusterSpec(ApiModel):
     model_config = ConfigDict(json_schema_extra=_SPEC_RULES)
 
-    instances: int = Field(default=3, ge=1, le=15, description="Number of members (1..15).")
+    instances: int = Field(default=3, ge=1, le=MAX_INSTANCES, description="Number of members (1..15).")
     postgres_version: int = Field(
         default=16,
         ge=13,

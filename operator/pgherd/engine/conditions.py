@@ -25,6 +25,9 @@ class ConditionType(StrEnum):
     # Kubernetes only (set by the adapter, not the engine): pods the kubelet or the scheduler cannot
     # start (a missing Secret or key, an image not found, a crash loop, no node with room).
     PODS_HEALTHY = "PodsHealthy"
+    # Kubernetes only: the certificates pgherd issued are valid and their last renewal, if due, was
+    # written; False with the reason when a renewal failed (the API server refused) or one expired.
+    CERTIFICATES_VALID = "CertificatesValid"
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,7 @@ def spec_revision(spec: PostgresClusterSpec, image: str | None = None, restart: 
         if key.lower() in RESTART_PARAMETERS
     }
     resources = spec.resources.model_dump(mode="json", exclude_none=True) if spec.resources else {}
-    payload = {
+    payload: dict[str, object] = {
         "image": image or spec.image or "",
         "parameters": dict(sorted(parameters.items())),
         "resources": resources,

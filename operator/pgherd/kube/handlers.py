@@ -22,7 +22,7 @@ from typing import Any
 
 import kopf
 
-from pgherd.api.annotations import RESTART
+from pgherd.api.annotations import RESTART, ROTATE_CERTIFICATES
 from pgherd.api.cluster import VolumeDeletePolicy
 from pgherd.kube import metrics, names
 from pgherd.kube.api import Credentials, KubeApi, RetryPolicy
@@ -210,11 +210,16 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
     @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL_CLUSTERS, id="wake", registry=registry)
     async def wake_cluster(**kwargs: Any) -> None:
         # Only what a user (or kubectl scale) changes: the spec (its generation), a deletion, the
-        # switchover and restart requests. Not the loop's own writes (status, its restore record), nor
-        # kopf's last-handled-configuration annotation, written after every spec change.
+        # switchover, restart and certificate rotation requests. Not the loop's own writes (status, its
+        # restore record), nor kopf's last-handled-configuration annotation, written after every spec
+        # change.
         meta = kwargs["body"].get("metadata") or {}
         annotations = meta.get("annotations") or {}
-        requests = (annotations.get(names.ANNOTATION_SWITCHOVER), annotations.get(RESTART))
+        requests = (
+            annotations.get(names.ANNOTATION_SWITCHOVER),
+            annotations.get(RESTART),
+            annotations.get(ROTATE_CERTIFICATES),
+        )
         seen = (meta.get("generation"), meta.get("deletionTimestamp"), requests)
         operator.wakeups.wake_on_change(kwargs["namespace"], kwargs["name"], seen)
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pgherd.api.annotations import restart_request
+from pgherd.api.annotations import restart_request, rotate_request
 from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.engine import EngineStatus, decide
 from pgherd.engine.actions import RecordEvent
@@ -41,9 +41,10 @@ from pgherd.kube.actions import ActContext, NotLeader, apply_all, label_replicas
 from pgherd.kube.agents import Agents
 from pgherd.kube.api import ApiError, KubeApi
 from pgherd.kube.builders.networkpolicy import OperatorPods
+from pgherd.kube.builders.secrets import format_time
 from pgherd.kube.crashpoint import CrashPoint
 from pgherd.kube.events import Events
-from pgherd.kube.objects import OwnedObjects, expand_volumes
+from pgherd.kube.objects import CertificateCheck, OwnedObjects, expand_volumes
 from pgherd.kube.observe import ClusterObjects, PodProblem, cluster_view, pod_ip, pod_problems
 from pgherd.kube.restores import Restores
 from pgherd.kube.retention import Retention
@@ -161,6 +162,7 @@ class ClusterLoop:
                 body, "ObjectsFailed", f"cannot create or read the cluster's Secrets: {exc}"
             )
             return
+        certificates = await self._certificates(body, spec, image, revision)
         if self.agents is None:
             self.agents = Agents(
                 self.name,
@@ -195,7 +197,8 @@ class ClusterLoop:
             self.status_doc or {},
             image=image,
             statuses=statuses,
-            extra=[pods_healthy(problems)],
+            extra=[pods_healthy(problems), certificates_valid(certificates, datetime.now(UTC))],
+            certificates=certificates.records(),
         )
         reconciled = False
         if self.objects_refused:
@@ -213,7 +216,7 @@ class ClusterLoop:
             self.status_doc = {**(self.status_doc or {}), **document}
         self.engine = decision.status
         self._log_phase(decision)
-        self._record_metrics(document, view, spec, decision, objects)
+        self._record_metrics(document, view, spec, decision, objects, certificates)
         for problem in problems:  # an Event each (the same one is not posted again for 5 minutes)
             await self.events.record(body, RecordEvent(problem.reason, problem.describe(), warning=True))
         if not reconciled and not await self._reconcile_objects(body, spec, image, revision, objects):
@@ -288,6 +291,7 @@ class ClusterLoop:
         spec: PostgresClusterSpec,
         decision: Decision,
         objects: ClusterObjects,
+        certificates: CertificateCheck,
     ) -> None:
         completed = [b.completed_at for b in view.backups if b.phase == "Completed" and b.completed_at]
         operation = decision.status.operation
@@ -303,7 +307,31 @@ class ClusterLoop:
                 for b in objects.backups
                 if (b.get("status") or {}).get("phase") == "Failed"
             ],
+            certificates=certificates.expiry,
         )
+
+    async def _certificates(
+        self, body: JSON, spec: PostgresClusterSpec, image: str, revision: str
+    ) -> CertificateCheck:
+        """The agents' certificates, renewed when due (before the status that reports them), with an
+        Event for each renewal."""
+        check = await self.owned.certificates(
+            self.owned.ref(body, spec, image, revision),
+            rotate_request(body["metadata"]),
+            datetime.now(UTC),
+            self.holding,
+        )
+        if check.renewed is not None:
+            which = " and ".join(f"{name} (until {format_time(at)})" for name, at in check.expiry.items())
+            await self.events.record(
+                body,
+                RecordEvent(
+                    "CertificatesRenewed",
+                    f"issued the {which} certificates of Secret {check.secret} again:"
+                    f" {check.renewed.message}",
+                ),
+            )
+        return check
 
     def _spec(self, body: JSON) -> tuple[PostgresClusterSpec, str, str]:
         """The validated spec, its image and revision; parsed again only when the spec changed (its
@@ -427,3 +455,19 @@ def pods_healthy(problems: list[PodProblem]) -> Condition:
     return false(
         ConditionType.PODS_HEALTHY, problems[0].reason, "; ".join(p.describe() for p in problems)[:1024]
     )
+
+
+def certificates_valid(check: CertificateCheck, now: datetime) -> Condition:
+    """CertificatesValid: False when a renewal failed (RenewalFailed, with the API server's words), or a
+    certificate is missing or expired; else True, with the first expiry and the first renewal."""
+    kind = ConditionType.CERTIFICATES_VALID
+    if check.error is not None:
+        return false(kind, "RenewalFailed", check.error[:1024])
+    missing = [name for name in check.names if name not in check.expiry]
+    if missing:
+        return false(kind, "NotIssued", f"not issued yet: {', '.join(missing)}")
+    expired = [name for name, at in check.expiry.items() if at <= now]
+    if expired:
+        return false(kind, "Expired", f"expired: {', '.join(expired)}")
+    until, renew = min(check.expiry.values()), min(check.renew_at.values())
+    return true(kind, "Valid", f"valid until {format_time(until)}; renewed at {format_time(renew)}")

@@ -158,8 +158,10 @@ def record(
     schedule: bool,
     operation: tuple[str, datetime] | None,
     failed_backups: Iterable[str],
+    certificates: Mapping[str, datetime] | None = None,
 ) -> None:
-    """What one tick of the cluster's loop wrote (its status document) and saw."""
+    """What one tick of the cluster's loop wrote (its status document) and saw; ``certificates``: when
+    each certificate pgherd issued for it expires."""
     figures = CLUSTERS.figures(namespace, name)
     figures.phase = str(document.get("phase") or "") or None
     figures.conditions = {
@@ -171,6 +173,8 @@ def record(
     figures.ready_members = int(document.get("readyInstances") or 0)
     figures.last_backup_at = last_backup_at
     figures.schedule = schedule
+    if certificates is not None:
+        figures.certificates = dict(certificates)
     count_operation(namespace, name, *(operation or (None, None)))
     count_failed_backups(namespace, name, failed_backups)
 

@@ -37,6 +37,9 @@ ANNOTATION_REVISION = LABEL_REVISION
 ANNOTATION_RESTORE = "pgherd.io/restore-job"
 # On the PostgresCluster: the PVC uid each member's data was seen on (JSON); see volumes.py.
 ANNOTATION_VOLUMES = "pgherd.io/volumes"
+# On the agents' Secret: the value of the cluster's pgherd.io/rotate-certificates its certificates were
+# last issued for (a new value on the cluster renews them).
+ANNOTATION_ROTATED_FOR = "pgherd.io/rotate-certificates"
 
 # kopf's own bookkeeping, under pgherd.io names.
 FINALIZER = "pgherd.io/finalizer"
@@ -51,7 +54,9 @@ VOLUME_DATA = "pgdata"  # the volumeClaimTemplate: PVCs are <VOLUME_DATA>-<membe
 DATA_MOUNT = "/var/lib/pgherd"  # the member's volume
 PGDATA = f"{DATA_MOUNT}/data"  # PostgreSQL's data directory on it
 SECRETS_MOUNT = "/etc/pgherd/secrets"  # <SECRETS_MOUNT>/<secret kind>/<key>
-AGENT_TLS_MOUNT = "/etc/pgherd/agent"  # tls.crt, tls.key, ca.crt, token.sha256
+AGENT_TLS_MOUNT = "/etc/pgherd/agent"  # tls.crt, tls.key, ca.crt, token.sha256, replication.crt/.key
+# In a snapshot Job: the CA and the replication account's client certificate, never the server's key.
+REPLICATION_TLS_MOUNT = "/etc/pgherd/replication"
 CONFIG_MOUNT = "/etc/pgherd/config"  # parameters.conf (the ConfigMap)
 PARAMETERS_FILE = "parameters.conf"
 SUPERUSER = "postgres"
@@ -70,6 +75,9 @@ KEY_TLS_CERT = "tls.crt"
 KEY_TLS_KEY = "tls.key"
 KEY_CA_CERT = "ca.crt"
 KEY_CA_KEY = "ca.key"
+# The replication account's client certificate (CN streaming_replica), in the agents' Secret.
+KEY_REPLICATION_CERT = "replication.crt"
+KEY_REPLICATION_KEY = "replication.key"
 
 
 def statefulset(cluster: str) -> str:

@@ -1,7 +1,9 @@
 """The objects a PostgresCluster owns, kept as the builders describe them.
 
-- Secrets are created once and never overwritten (a password, token or CA is read back, never
-  regenerated); nothing secret is logged.
+- Secrets are created once (a password, token or CA is read back, never regenerated); the only data
+  ever replaced are the certificates of the agents' Secret when `secrets.agent_certificate_due` says
+  so (the CA and the token's digest kept), and the app Secret of a cluster made before TLS, which gains
+  the CA and a verify-full URI (its password kept). Nothing secret is logged.
 - Other objects are created when missing and patched when their desired form changed since this
   operator last applied it (a memo of the desired body's digest: no request in the steady state).
 - The StatefulSet's immutable fields are never patched: a change there is reported (an Event and the
@@ -18,12 +20,14 @@ import base64
 import hashlib
 import json
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from pgherd.api.annotations import rotate_request
 from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.engine.actions import Prune
 from pgherd.kube import names
@@ -48,11 +52,43 @@ log = logging.getLogger("pgherd.kube.objects")
 JSON = dict[str, Any]
 
 
+# After a refused renewal, the next attempt waits this long (seconds): a refusal (RBAC, a webhook) is
+# not retried at every tick, and the condition CertificatesValid says why meanwhile.
+RENEW_RETRY = 30.0
+
+
 @dataclass(frozen=True)
 class AgentSecrets:
     token: str
     ca_pem: str
     server_hostname: Callable[[str], str | None]
+
+
+@dataclass(frozen=True)
+class CertificateCheck:
+    """The agents' certificates after this tick's check: each one's expiry (status.certificates, the
+    metrics), what was renewed now and why, or why a renewal failed."""
+
+    secret: str
+    expiry: dict[str, datetime] = field(default_factory=dict)
+    renew_at: dict[str, datetime] = field(default_factory=dict)
+    renewed: secrets.Renewal | None = None
+    error: str | None = None
+
+    @property
+    def names(self) -> list[str]:
+        return list(secrets.CERTIFICATES)
+
+    def records(self) -> list[dict[str, str | None]]:
+        return [
+            {
+                "name": name,
+                "secret": self.secret,
+                "notAfter": secrets.format_time(self.expiry[name]) if name in self.expiry else None,
+                "renewAt": secrets.format_time(self.renew_at[name]) if name in self.renew_at else None,
+            }
+            for name in self.names
+        ]
 
 
 def _digest(body: JSON) -> str:
@@ -72,6 +108,9 @@ class OwnedObjects:
         self.api, self.config = api, config
         self._applied: dict[tuple[str, str], str] = {}
         self._secrets: AgentSecrets | None = None
+        self._agent_secret: JSON | None = None  # the agents' Secret as last read or written
+        self._issuer: dict[str, str] = {}  # the operator Secret's token, CA and CA key
+        self._renew_error: tuple[float, str] | None = None  # (when to try again, why the last failed)
         self.blocked: list[str] = []  # StatefulSet fields that differ but cannot change in place
         self._ensured: tuple[object, ...] | None = None  # what the objects were last applied for
 
@@ -98,7 +137,7 @@ class OwnedObjects:
         if self._secrets is not None and key[1] is not None and key == self._ensured:
             return self._secrets
         ref = self.ref(body, spec, image, revision)
-        agent = await self._ensure_secrets(ref)
+        agent = await self._ensure_secrets(ref, rotate_request(meta))
         await self._apply("ServiceAccount", serviceaccount.service_account(ref))
         await self._apply("ConfigMap", configmap.configmap(ref))
         for service in services.services(ref):
@@ -124,9 +163,11 @@ class OwnedObjects:
         observe its members, before anything else is reconciled."""
         if self._secrets is not None:
             return self._secrets
-        return await self._ensure_secrets(self.ref(body, spec, image, revision))
+        return await self._ensure_secrets(
+            self.ref(body, spec, image, revision), rotate_request(body["metadata"])
+        )
 
-    async def _ensure_secrets(self, ref: common.ClusterRef) -> AgentSecrets:
+    async def _ensure_secrets(self, ref: common.ClusterRef, rotate: str | None) -> AgentSecrets:
         if self._secrets is not None:
             return self._secrets
         operator_secret = await self._create_once(
@@ -141,16 +182,16 @@ class OwnedObjects:
             raise ApiError(
                 422, "Invalid", f"Secret {names.secret_operator(ref.name)} lacks token, ca.crt or ca.key"
             )
-        await self._create_once(
+        self._issuer = {names.KEY_TOKEN: token, names.KEY_CA_CERT: ca_cert, names.KEY_CA_KEY: ca_key}
+        self._agent_secret = await self._create_once(
             ref.namespace,
             names.secret_agent(ref.name),
             lambda: secrets.agent_secret(
                 ref,
                 secrets.generate_agent_data(
-                    ref.name,
-                    ref.namespace,
-                    {names.KEY_TOKEN: token, names.KEY_CA_CERT: ca_cert, names.KEY_CA_KEY: ca_key},
+                    ref.name, ref.namespace, self._issuer, lifetime=ref.spec.tls.lifetime
                 ),
+                rotated_for=rotate,
             ),
         )
         await self._create_once(
@@ -163,11 +204,14 @@ class OwnedObjects:
             names.secret_replication(ref.name),
             lambda: secrets.replication_secret(ref, secrets.generate_replication_data()),
         )
-        await self._create_once(
+        app = await self._create_once(
             ref.namespace,
             names.secret_app(ref.name),
-            lambda: secrets.app_secret(ref, secrets.generate_app_data(ref)),
+            lambda: secrets.app_secret(ref, secrets.generate_app_data(ref, ca_cert)),
         )
+        upgraded = secrets.app_data_upgraded(ref, secrets.secret_values(app), ca_cert)
+        if upgraded is not None:  # made before TLS: the CA and a verify-full URI, the password kept
+            await self._replace_data(app, upgraded)
         namespace = ref.namespace
         self._secrets = AgentSecrets(
             token=token,
@@ -175,6 +219,100 @@ class OwnedObjects:
             server_hostname=lambda member: secrets.agent_server_hostname(ref.name, member, namespace),
         )
         return self._secrets
+
+    async def certificates(
+        self, ref: common.ClusterRef, rotate: str | None, now: datetime, may_act: Callable[[], bool]
+    ) -> CertificateCheck:
+        """The agents' certificates checked against `secrets.agent_certificate_due` (no request while
+        nothing is due), and issued again when they are: the Secret read afresh (another operator may
+        have renewed it), then its data replaced (PUT with its resourceVersion: a concurrent change
+        makes it fail, to be tried again). Call after `agent_secrets`."""
+        if self._agent_secret is None:
+            await self._ensure_secrets(ref, rotate)
+        assert self._agent_secret is not None
+        name = names.secret_agent(ref.name)
+        due = self._due(ref, self._agent_secret, rotate, now)
+        if due is None:
+            self._renew_error = None
+            return self._check(name, self._agent_secret)
+        if self._renew_error is not None and time.monotonic() < self._renew_error[0]:
+            return self._check(name, self._agent_secret, error=self._renew_error[1])
+        if not may_act():
+            return self._check(name, self._agent_secret)
+        why = due.message
+        try:
+            fresh = await self.api.get("Secret", ref.namespace, name)
+            due = self._due(ref, fresh, rotate, now)
+            if due is not None:
+                data = secrets.secret_values(fresh)
+                renewed = secrets.generate_agent_data(
+                    ref.name,
+                    ref.namespace,
+                    self._issuer,
+                    lifetime=ref.spec.tls.lifetime,
+                    now=now,
+                    token_sha256=data.get(names.KEY_TOKEN_DIGEST),
+                )
+                rotated = {names.ANNOTATION_ROTATED_FOR: rotate} if rotate is not None else {}
+                fresh = await self._replace_data(fresh, renewed, rotated, kind="kubernetes.io/tls")
+        except ApiError as exc:
+            message = f"cannot renew the certificates of Secret {name} ({why}): {exc}"
+            log.warning("%s/%s: %s", ref.namespace, ref.name, message)
+            self._renew_error = (time.monotonic() + RENEW_RETRY, message)
+            return self._check(name, self._agent_secret, error=message)
+        self._agent_secret, self._renew_error = fresh, None
+        return self._check(name, fresh, renewed=due)
+
+    def _due(
+        self, ref: common.ClusterRef, secret: JSON, rotate: str | None, now: datetime
+    ) -> secrets.Renewal | None:
+        annotations = secret["metadata"].get("annotations") or {}
+        return secrets.agent_certificate_due(
+            secrets.secret_values(secret),
+            now,
+            cluster=ref.name,
+            namespace=ref.namespace,
+            lifetime=ref.spec.tls.lifetime,
+            ca_cert=self._issuer.get(names.KEY_CA_CERT),
+            requested=rotate,
+            renewed_for=annotations.get(names.ANNOTATION_ROTATED_FOR),
+        )
+
+    @staticmethod
+    def _check(
+        name: str, secret: JSON, *, renewed: secrets.Renewal | None = None, error: str | None = None
+    ) -> CertificateCheck:
+        data = secrets.secret_values(secret)
+        expiry, renew_at = {}, {}
+        for certificate, key in secrets.CERTIFICATES.items():
+            try:
+                facts = secrets.certificate_facts(data[key]) if data.get(key) else None
+            except ValueError:
+                facts = None
+            if facts is not None:
+                expiry[certificate], renew_at[certificate] = facts.not_after, facts.renew_at
+        return CertificateCheck(name, expiry, renew_at, renewed, error)
+
+    async def _replace_data(
+        self,
+        existing: JSON,
+        data: Mapping[str, str],
+        annotations: Mapping[str, str] | None = None,
+        kind: str | None = None,
+    ) -> JSON:
+        """The Secret's data replaced whole, its metadata (labels, owners, annotations a person added)
+        kept, `annotations` added; sent with the resourceVersion read (a concurrent writer gets 409)."""
+        meta = {k: v for k, v in existing["metadata"].items() if k != "managedFields"}
+        if annotations:
+            meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": meta,
+            "type": existing.get("type") or kind or "Opaque",
+            "data": {key: base64.b64encode(value.encode()).decode() for key, value in data.items()},
+        }
+        return await self.api.replace("Secret", meta["namespace"], meta["name"], body)
 
     async def _create_once(self, namespace: str, name: str, build: Callable[[], JSON]) -> JSON:
         found = await self.api.find("Secret", namespace, name)
@@ -262,6 +400,7 @@ class OwnedObjects:
             backup,
             host_only,
             source_port=int(port or names.POSTGRES_PORT),
+            member=member,
         )
 
     def prune_job(

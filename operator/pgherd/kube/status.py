@@ -92,9 +92,10 @@ def cluster_status(
     image: str,
     statuses: Mapping[str, Status | None] | None = None,
     extra: Sequence[Condition] = (),
+    certificates: Sequence[Mapping[str, Any]] | None = None,
 ) -> JSON:
     """The whole status document (a merge patch replaces each key it names); ``extra``: the adapter's
-    own conditions beside the engine's."""
+    own conditions beside the engine's; ``certificates``: status.certificates, when known."""
     generation = view.generation
     listed = members(view, decision.current_primary, statuses)
     system_id = previous.get("systemIdentifier")
@@ -125,6 +126,9 @@ def cluster_status(
         "operation": None if operation is None else operation.to_dict(),
         "engine": decision.status.to_dict(),
         "lastSuccessfulBackup": last_successful_backup(view) or previous.get("lastSuccessfulBackup"),
+        "certificates": [dict(c) for c in certificates]
+        if certificates is not None
+        else previous.get("certificates"),
     }
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pgherd.api.cluster import SNAPSHOT_DEADLINE_SECONDS, S3Store
@@ -22,7 +22,6 @@ from pgherd.kube.builders.common import (
     ClusterRef,
     Manifest,
     container_security_context,
-    env_secret,
     metadata,
     pod_security_context,
     s3_env,
@@ -30,6 +29,7 @@ from pgherd.kube.builders.common import (
     store_url,
     tmp_volume,
 )
+from pgherd.kube.builders.statefulset import SECRET_MODE
 
 TERMINATION_LOG = "/dev/termination-log"
 CONTAINER_SNAPSHOT = "snapshot"
@@ -56,9 +56,19 @@ def _conninfo(params: Mapping[str, str]) -> str:
     return " ".join(parts)
 
 
+# The snapshot Job's copy of the agents' Secret: the CA and the replication account's client certificate
+# and key, never the members' server key nor the token's digest.
+VOLUME_REPLICATION_TLS = "replication-tls"
+REPLICATION_TLS_KEYS = (names.KEY_CA_CERT, names.KEY_REPLICATION_CERT, names.KEY_REPLICATION_KEY)
+
+
 def source_dsn(host: str, port: int = names.POSTGRES_PORT) -> str:
-    """The snapshot's source: the member at `host` with the replication account. No password: libpq
-    takes it from PGPASSWORD, which comes from the replication Secret."""
+    """The snapshot's source: the member at `host` as the replication account, by its client
+    certificate alone (pg_hba's `cert`: no password), over TLS that verifies the member against the
+    cluster's CA (verify-ca: a member may be reached by its pod IP, which no certificate names).
+    `pgherd-backup snapshot` copies the key into a private file first when libpq would refuse its
+    mode."""
+    folder = names.REPLICATION_TLS_MOUNT
     return _conninfo(
         {
             "host": host,
@@ -67,8 +77,26 @@ def source_dsn(host: str, port: int = names.POSTGRES_PORT) -> str:
             "dbname": "postgres",
             "application_name": "pgherd-snapshot",
             "connect_timeout": "10",
+            "sslmode": "verify-ca",
+            "sslrootcert": f"{folder}/{names.KEY_CA_CERT}",
+            "sslcert": f"{folder}/{names.KEY_REPLICATION_CERT}",
+            "sslkey": f"{folder}/{names.KEY_REPLICATION_KEY}",
         }
     )
+
+
+def replication_tls_volume(ref: ClusterRef) -> tuple[Manifest, Manifest]:
+    """(volume, mount) of what a snapshot Job needs of the agents' Secret (`REPLICATION_TLS_KEYS`)."""
+    volume = {
+        "name": VOLUME_REPLICATION_TLS,
+        "secret": {
+            "secretName": names.secret_agent(ref.name),
+            "defaultMode": SECRET_MODE,
+            "items": [{"key": key, "path": key} for key in REPLICATION_TLS_KEYS],
+        },
+    }
+    mount = {"name": VOLUME_REPLICATION_TLS, "mountPath": names.REPLICATION_TLS_MOUNT, "readOnly": True}
+    return volume, mount
 
 
 def _store(ref: ClusterRef) -> S3Store:
@@ -87,6 +115,7 @@ def _job(
     deadline: int,
     labels: Mapping[str, str],
     extra_owner: Manifest | None = None,
+    volumes: Sequence[tuple[Manifest, Manifest]] = (),
 ) -> Manifest:
     tmp, tmp_mount = tmp_volume()
     meta = metadata(ref, name, component, labels)
@@ -96,7 +125,7 @@ def _job(
         **container,
         "image": ref.image,
         "securityContext": container_security_context(),
-        "volumeMounts": [tmp_mount],
+        "volumeMounts": [tmp_mount, *(mount for _, mount in volumes)],
         "terminationMessagePath": TERMINATION_LOG,
         # The summary when the command wrote one; on a failure without it, the tail of its log.
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -117,7 +146,7 @@ def _job(
                     "enableServiceLinks": False,
                     "securityContext": pod_security_context(),
                     "containers": [container],
-                    "volumes": [tmp],
+                    "volumes": [tmp, *(volume for volume, _ in volumes)],
                 },
             },
         },
@@ -170,10 +199,7 @@ def snapshot_job(
     container: Manifest = {
         "name": CONTAINER_SNAPSHOT,
         "command": snapshot_command(ref, source_host, source_port),
-        "env": [
-            env_secret("PGPASSWORD", names.secret_replication(ref.name), names.KEY_PASSWORD),
-            *s3_env(_store(ref)),
-        ],
+        "env": s3_env(_store(ref)),
     }
     return _job(
         ref,
@@ -183,6 +209,7 @@ def snapshot_job(
         deadline=SNAPSHOT_DEADLINE_SECONDS,
         labels={names.LABEL_BACKUP: backup, **({names.LABEL_MEMBER: member} if member else {})},
         extra_owner=extra_owner,
+        volumes=[replication_tls_volume(ref)],
     )
 
 

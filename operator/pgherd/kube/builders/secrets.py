@@ -1,36 +1,50 @@
 """The cluster's Secrets: passwords, the agent's TLS material and the operator's credentials.
 
 Two halves. `generate_*` make new random values (secrets.token_urlsafe, new keys and certificates):
-the only impure functions of the builders, called only when a Secret is missing. The builders
-(`*_secret`) take that data and return the Secret object. The adapter creates a Secret only when it is
-missing and never overwrites one: the values live in the Secret alone, never in logs, events, status,
-labels or annotations. Every Secret carries its values base64-encoded in `data` (never `stringData`):
-what is written is what is read back, by the API server.
+the only impure functions of the builders, called when a Secret is missing or its certificates are due.
+The builders (`*_secret`) take that data and return the Secret object. The adapter creates a Secret
+only when it is missing; the only values it ever replaces are the certificates of the agents' Secret
+(`agent_certificate_due`), and the app Secret of a cluster made before TLS gains the CA (its password
+kept). The values live in the Secrets alone, never in logs, events, status, labels or annotations.
+Every Secret carries its values base64-encoded in `data` (never `stringData`): what is written is what
+is read back, by the API server.
 
 Trust between the operator and the agents: the operator's Secret holds the bearer token and the
 cluster CA's key and is mounted in no pod; the agent's Secret, mounted in every member, holds the
-token's digest only (a compromised pod cannot call the other members' agents), the CA certificate
-and one server certificate for all members, valid for `*.<cluster>-headless.<namespace>.svc`.
+token's digest only (a compromised pod cannot call the other members' agents), the CA certificate,
+one server certificate for all members (PostgreSQL's and the agent's HTTPS port: every member by its
+headless name and pod name, and the -rw, -ro and -r Services) and the replication account's client
+certificate, by which members replicate and snapshot Jobs read.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import secrets
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from urllib.parse import quote
 
 from cryptography import x509
+from cryptography.x509.oid import NameOID
 
+from pgherd.api.annotations import ROTATE_CERTIFICATES
+from pgherd.api.cluster import MAX_INSTANCES, Tls
 from pgherd.kube import names
 from pgherd.kube.builders.common import ClusterRef, Manifest, app_account, metadata
 from pgherd_backup.agent.auth import token_digest
-from pgherd_backup.agent.tls import make_ca, make_server_cert
+from pgherd_backup.agent.tls import make_ca, make_client_cert, make_server_cert
 
-# Renew the agents' certificate (825 days) this long before it expires: the operator would otherwise
-# refuse every member at once on that day.
-RENEW_BEFORE = timedelta(days=30)
+DEFAULT_LIFETIME = Tls().lifetime
+
+# A certificate is issued again once this share of its lifetime has passed (a third of it left: 30 days
+# of the default 90), time enough for a failed renewal to be seen (an alert, a condition) and fixed.
+RENEW_AFTER = 2 / 3
+# A certificate valid this much longer than spec.tls.certificateLifetime asks is issued again (a lifetime
+# made shorter; the 825-day certificates of before): the start's 5 minutes back are not a difference.
+LIFETIME_SLACK = timedelta(hours=1)
 
 # 32 random bytes: 256 bits, 43 URL-safe characters (no quoting needed in a URI or a pgpass line).
 RANDOM_BYTES = 32
@@ -42,10 +56,21 @@ APP_KEYS = (
     names.KEY_HOST,
     names.KEY_PORT,
     names.KEY_URI,
+    names.KEY_CA_CERT,
 )
 ACCOUNT_KEYS = (names.KEY_USERNAME, names.KEY_PASSWORD)
-AGENT_KEYS = (names.KEY_TLS_CERT, names.KEY_TLS_KEY, names.KEY_CA_CERT, names.KEY_TOKEN_DIGEST)
+AGENT_KEYS = (
+    names.KEY_TLS_CERT,
+    names.KEY_TLS_KEY,
+    names.KEY_CA_CERT,
+    names.KEY_TOKEN_DIGEST,
+    names.KEY_REPLICATION_CERT,
+    names.KEY_REPLICATION_KEY,
+)
 OPERATOR_KEYS = (names.KEY_TOKEN, names.KEY_CA_CERT, names.KEY_CA_KEY)
+# The certificates pgherd issues into the agents' Secret, by the name status.certificates and the
+# metrics give them: the members' server certificate and the replication account's client certificate.
+CERTIFICATES = {"server": names.KEY_TLS_CERT, "replication": names.KEY_REPLICATION_CERT}
 
 
 # --- random values (impure) ----------------------------------------------------------------------------
@@ -67,8 +92,8 @@ def generate_replication_data() -> dict[str, str]:
     return {names.KEY_USERNAME: names.REPLICATION_USER, names.KEY_PASSWORD: generate_password()}
 
 
-def generate_app_data(ref: ClusterRef) -> dict[str, str]:
-    return app_data(ref, generate_password())
+def generate_app_data(ref: ClusterRef, ca_cert: str) -> dict[str, str]:
+    return app_data(ref, generate_password(), ca_cert)
 
 
 def generate_operator_data(cluster: str) -> dict[str, str]:
@@ -81,17 +106,34 @@ def generate_operator_data(cluster: str) -> dict[str, str]:
     }
 
 
-def generate_agent_data(cluster: str, namespace: str, operator_data: Mapping[str, str]) -> dict[str, str]:
+def generate_agent_data(
+    cluster: str,
+    namespace: str,
+    operator_data: Mapping[str, str],
+    *,
+    lifetime: timedelta = DEFAULT_LIFETIME,
+    now: datetime | None = None,
+    token_sha256: str | None = None,
+) -> dict[str, str]:
     """The members' half, derived from the operator's Secret data: a server certificate signed by the
-    cluster CA for `agent_server_names`, its key, the CA certificate and the token's digest."""
+    cluster CA for `agent_server_names` and its key, the replication account's client certificate and
+    key, both valid for `lifetime` from `now`; the CA certificate and the token's digest (`token_sha256`:
+    the one a renewal keeps)."""
     ca_cert, ca_key = operator_data[names.KEY_CA_CERT], operator_data[names.KEY_CA_KEY]
     first, *others = agent_server_names(cluster, namespace)
-    cert, key = make_server_cert(ca_cert.encode(), ca_key.encode(), first, dns=others)
+    cert, key = make_server_cert(
+        ca_cert.encode(), ca_key.encode(), first, dns=others, lifetime=lifetime, now=now
+    )
+    client_cert, client_key = make_client_cert(
+        ca_cert.encode(), ca_key.encode(), names.REPLICATION_USER, lifetime=lifetime, now=now
+    )
     return {
         names.KEY_TLS_CERT: cert.decode(),
         names.KEY_TLS_KEY: key.decode(),
         names.KEY_CA_CERT: ca_cert,
-        names.KEY_TOKEN_DIGEST: token_digest(operator_data[names.KEY_TOKEN]),
+        names.KEY_TOKEN_DIGEST: token_sha256 or token_digest(operator_data[names.KEY_TOKEN]),
+        names.KEY_REPLICATION_CERT: client_cert.decode(),
+        names.KEY_REPLICATION_KEY: client_key.decode(),
     }
 
 
@@ -99,10 +141,17 @@ def generate_agent_data(cluster: str, namespace: str, operator_data: Mapping[str
 
 
 def agent_server_names(cluster: str, namespace: str) -> list[str]:
-    """The DNS names of the members' shared server certificate: every member under the headless
-    Service, in its three spellings (`make_server_cert` adds `localhost` and 127.0.0.1)."""
+    """The DNS names of the members' shared server certificate (`make_server_cert` adds `localhost` and
+    127.0.0.1): every member under the headless Service in its three spellings, the -rw, -ro and -r
+    Services in their four (a client's verify-full through a Service), and every member's pod name,
+    ordinals 0 to 14 (members added later need no new certificate)."""
     headless = names.service_headless(cluster)
-    return [f"*.{headless}.{namespace}.svc", f"*.{headless}.{namespace}", f"*.{headless}"]
+    found = [f"*.{headless}.{namespace}.svc", f"*.{headless}.{namespace}", f"*.{headless}"]
+    for service in (names.service_rw(cluster), names.service_ro(cluster), names.service_r(cluster)):
+        found += [service, f"{service}.{namespace}", f"{service}.{namespace}.svc"]
+        found.append(f"{service}.{namespace}.svc.cluster.local")
+    found += [names.member(cluster, ordinal) for ordinal in range(MAX_INSTANCES)]
+    return found
 
 
 def agent_server_hostname(cluster: str, member: str, namespace: str) -> str:
@@ -113,15 +162,133 @@ def agent_server_hostname(cluster: str, member: str, namespace: str) -> str:
     return names.member_host(cluster, member, namespace)
 
 
+@dataclass(frozen=True)
+class CertificateFacts:
+    not_before: datetime
+    not_after: datetime
+    common_name: str
+    dns_names: frozenset[str]
+
+    @property
+    def lifetime(self) -> timedelta:
+        return self.not_after - self.not_before
+
+    @property
+    def renew_at(self) -> datetime:
+        """When two thirds of its lifetime have passed."""
+        return self.not_before + self.lifetime * RENEW_AFTER
+
+
+@functools.lru_cache(maxsize=4096)
+def certificate_facts(pem: str) -> CertificateFacts:
+    """What the renewal rule reads of a PEM certificate (parsed once per certificate: every tick asks)."""
+    cert = x509.load_pem_x509_certificate(pem.encode())
+    common = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    try:
+        alt = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        dns = frozenset(alt.get_values_for_type(x509.DNSName))
+    except x509.ExtensionNotFound:
+        dns = frozenset()
+    return CertificateFacts(
+        cert.not_valid_before_utc,
+        cert.not_valid_after_utc,
+        str(common[0].value) if common else "",
+        dns,
+    )
+
+
 def certificate_not_after(pem: str) -> datetime:
     """When a PEM certificate expires (UTC)."""
-    return x509.load_pem_x509_certificate(pem.encode()).not_valid_after_utc
+    return certificate_facts(pem).not_after
 
 
-def agent_certificate_due(agent_data: Mapping[str, str], now: datetime) -> bool:
-    """Whether the agents' certificate must be issued again (`generate_agent_data`) by `now`: the only
-    case where the adapter replaces a Secret's value. The members read it at their next start."""
-    return certificate_not_after(agent_data[names.KEY_TLS_CERT]) - RENEW_BEFORE <= now
+@dataclass(frozen=True)
+class Renewal:
+    """Why the agents' certificates must be issued again: `reason` (a CamelCase word for Events and
+    conditions) and `message` (what a person reads)."""
+
+    reason: str
+    message: str
+
+
+def agent_certificate_due(
+    agent_data: Mapping[str, str],
+    now: datetime,
+    *,
+    cluster: str,
+    namespace: str,
+    lifetime: timedelta = DEFAULT_LIFETIME,
+    ca_cert: str | None = None,
+    requested: str | None = None,
+    renewed_for: str | None = None,
+) -> Renewal | None:
+    """Whether the agents' certificates must be issued again (`generate_agent_data`), and why: a key or
+    a name missing (a Secret made before them: the cluster moves to TLS), not signed by the cluster's
+    CA (`ca_cert`), valid longer than `lifetime` asks, two thirds of a certificate's lifetime passed by
+    `now`, or the cluster's pgherd.io/rotate-certificates at a value (`requested`) the certificates were
+    not issued for (`renewed_for`). None: nothing to do. The only reason the adapter replaces a Secret's
+    data; the members reload what it gets without a restart."""
+    missing = [key for key in AGENT_KEYS if not agent_data.get(key)]
+    if missing:
+        return Renewal("KeysMissing", f"the Secret lacks {', '.join(missing)}")
+    if ca_cert is not None and agent_data[names.KEY_CA_CERT].strip() != ca_cert.strip():
+        return Renewal("CAChanged", "its certificates were not issued by the cluster's CA")
+    try:
+        server = certificate_facts(agent_data[names.KEY_TLS_CERT])
+        client = certificate_facts(agent_data[names.KEY_REPLICATION_CERT])
+    except ValueError as exc:
+        return Renewal("Unreadable", f"a certificate of the Secret cannot be read: {exc}")
+    lacking = [n for n in agent_server_names(cluster, namespace) if n not in server.dns_names]
+    if lacking:
+        more = f" and {len(lacking) - 3} more" if len(lacking) > 3 else ""
+        return Renewal("NamesMissing", f"the server certificate does not name {', '.join(lacking[:3])}{more}")
+    if client.common_name != names.REPLICATION_USER:
+        return Renewal("NamesMissing", f"the replication certificate is not for {names.REPLICATION_USER}")
+    if requested is not None and requested != renewed_for:
+        return Renewal("Requested", f"asked for by {ROTATE_CERTIFICATES}={requested}")
+    for name, facts in (("server", server), ("replication", client)):
+        if facts.lifetime > lifetime + LIFETIME_SLACK:
+            return Renewal(
+                "LifetimeChanged",
+                f"the {name} certificate is valid for {_days(facts.lifetime)}, longer than the"
+                f" certificateLifetime of {_days(lifetime)}",
+            )
+        if now >= facts.renew_at:
+            return Renewal(
+                "Due",
+                f"two thirds of the {name} certificate's lifetime have passed (it expires at"
+                f" {format_time(facts.not_after)})",
+            )
+    return None
+
+
+def certificate_records(agent_data: Mapping[str, str], secret: str) -> list[dict[str, str | None]]:
+    """status.certificates: each certificate of the agents' Secret, when it expires and is renewed."""
+    records: list[dict[str, str | None]] = []
+    for name, key in CERTIFICATES.items():
+        pem = agent_data.get(key)
+        try:
+            facts = certificate_facts(pem) if pem else None
+        except ValueError:
+            facts = None
+        records.append(
+            {
+                "name": name,
+                "secret": secret,
+                "notAfter": None if facts is None else format_time(facts.not_after),
+                "renewAt": None if facts is None else format_time(facts.renew_at),
+            }
+        )
+    return records
+
+
+def format_time(value: datetime) -> str:
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _days(value: timedelta) -> str:
+    hours = value.total_seconds() / 3600
+    return f"{round(hours / 24)} days" if hours >= 48 else f"{round(hours)} hours"
 
 
 def app_host(ref: ClusterRef) -> str:
@@ -129,14 +296,17 @@ def app_host(ref: ClusterRef) -> str:
 
 
 def app_uri(user: str, password: str, host: str, port: int, database: str) -> str:
-    """`postgresql://user:password@host:port/database`, user, password and database percent-encoded
-    (a password may hold @ : / % and the URI must still parse)."""
+    """`postgresql://user:password@host:port/database?sslmode=verify-full`, user, password and database
+    percent-encoded (a password may hold @ : / % and the URI must still parse). verify-full: the client
+    checks the server's certificate against the CA (the Secret's `ca.crt`, given as sslrootcert or
+    PGSSLROOTCERT) and the host name, which the members' certificate carries."""
     credentials = f"{quote(user, safe='')}:{quote(password, safe='')}"
-    return f"postgresql://{credentials}@{host}:{port}/{quote(database, safe='')}"
+    return f"postgresql://{credentials}@{host}:{port}/{quote(database, safe='')}?sslmode=verify-full"
 
 
-def app_data(ref: ClusterRef, password: str) -> dict[str, str]:
-    """The application Secret's keys for `password`: what a client needs to connect through `-rw`."""
+def app_data(ref: ClusterRef, password: str, ca_cert: str) -> dict[str, str]:
+    """The application Secret's keys for `password`: what a client needs to connect through `-rw` and
+    verify the server (`ca.crt`, the cluster's CA)."""
     user, database = app_account(ref)
     host = app_host(ref)
     return {
@@ -146,7 +316,19 @@ def app_data(ref: ClusterRef, password: str) -> dict[str, str]:
         names.KEY_HOST: host,
         names.KEY_PORT: str(names.POSTGRES_PORT),
         names.KEY_URI: app_uri(user, password, host, names.POSTGRES_PORT, database),
+        names.KEY_CA_CERT: ca_cert,
     }
+
+
+def app_data_upgraded(ref: ClusterRef, data: Mapping[str, str], ca_cert: str) -> dict[str, str] | None:
+    """The app Secret of a cluster made before TLS (no `ca.crt`, a URI without sslmode) with the CA and
+    a verify-full URI, its password kept; None when it has them already."""
+    if data.get(names.KEY_CA_CERT) and "sslmode=" in data.get(names.KEY_URI, ""):
+        return None
+    password = data.get(names.KEY_PASSWORD)
+    if not password:
+        return None
+    return {**data, **app_data(ref, password, ca_cert)}
 
 
 # --- the Secret objects (pure) ------------------------------------------------------------------------
@@ -178,14 +360,20 @@ def replication_secret(ref: ClusterRef, data: Mapping[str, str]) -> Manifest:
 
 
 def app_secret(ref: ClusterRef, data: Mapping[str, str]) -> Manifest:
-    """`<cluster>-app`: username, password, dbname, host, port and uri, for the application's pods."""
+    """`<cluster>-app`: username, password, dbname, host, port, uri and ca.crt, for the application's
+    pods."""
     return _secret(ref, names.secret_app(ref.name), data, APP_KEYS)
 
 
-def agent_secret(ref: ClusterRef, data: Mapping[str, str]) -> Manifest:
+def agent_secret(ref: ClusterRef, data: Mapping[str, str], *, rotated_for: str | None = None) -> Manifest:
     """`<cluster>-agent`, mounted in every member: type kubernetes.io/tls (tls.crt, tls.key) plus the CA
-    certificate and the token's digest."""
-    return _secret(ref, names.secret_agent(ref.name), data, AGENT_KEYS, "kubernetes.io/tls")
+    certificate, the token's digest and the replication client certificate (replication.crt, .key).
+    `rotated_for`: the cluster's pgherd.io/rotate-certificates these certificates were issued for, kept
+    in an annotation (not a secret)."""
+    secret = _secret(ref, names.secret_agent(ref.name), data, AGENT_KEYS, "kubernetes.io/tls")
+    if rotated_for is not None:
+        secret["metadata"]["annotations"] = {names.ANNOTATION_ROTATED_FOR: rotated_for}
+    return secret
 
 
 def operator_secret(ref: ClusterRef, data: Mapping[str, str]) -> Manifest:

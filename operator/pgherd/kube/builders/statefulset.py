@@ -94,6 +94,12 @@ def agent_env(ref: ClusterRef) -> list[Manifest]:
         env_value("PGHERD_SUPERUSER_PASSWORD_FILE", password_file("superuser")),
         env_value("PGHERD_REPLICATION_USER", names.REPLICATION_USER),
         env_value("PGHERD_REPLICATION_PASSWORD_FILE", password_file("replication")),
+        # PostgreSQL's TLS (docs/agent.md): its server certificate is the agent's, the replication
+        # account authenticates by its client certificate, plain TCP is refused.
+        env_value("PGHERD_PG_TLS", "true"),
+        env_value("PGHERD_REPLICATION_CERT", f"{names.AGENT_TLS_MOUNT}/{names.KEY_REPLICATION_CERT}"),
+        env_value("PGHERD_REPLICATION_KEY", f"{names.AGENT_TLS_MOUNT}/{names.KEY_REPLICATION_KEY}"),
+        env_value("PGHERD_PG_TLS_MIN_VERSION", ref.spec.tls.min_protocol_version.value),
         env_value("PGHERD_APP_USER", user),
         env_value("PGHERD_APP_DATABASE", database),
         env_value("PGHERD_APP_PASSWORD_FILE", password_file("app")),
@@ -105,6 +111,8 @@ def agent_env(ref: ClusterRef) -> list[Manifest]:
         # directory's own major (an image made for upgrades carries both: docs/upgrades.md).
         env_value("PG_BIN", postgres_bindir(ref.spec.postgres_version)),
     ]
+    if ref.spec.superuser_network_access:
+        env.append(env_value("PGHERD_SUPERUSER_NETWORK_ACCESS", "true"))
     queries = ref.spec.monitoring.custom_queries
     if queries is not None:
         env.append(env_value("PGHERD_CUSTOM_QUERIES", f"{CUSTOM_QUERIES_MOUNT}/{queries.key}"))
@@ -151,6 +159,8 @@ def _volumes(ref: ClusterRef) -> tuple[list[Manifest], list[Manifest]]:
                         names.KEY_TLS_KEY,
                         names.KEY_CA_CERT,
                         names.KEY_TOKEN_DIGEST,
+                        names.KEY_REPLICATION_CERT,
+                        names.KEY_REPLICATION_KEY,
                     )
                 ],
             },

@@ -1,0 +1,337 @@
+"""The certificates pgherd issues, renewed by the operator in-process against the real API server (no
+kubelet: what is checked is what the operator writes): the agents' Secret carries the replication
+client certificate and every name a client reaches the members by; a certificate two thirds through its
+life (a real one, issued in the test with an hour's lifetime fifty minutes ago) is issued again with the
+CA and the token's digest kept, an Event posted and status.certificates moved on; the annotation
+pgherd.io/rotate-certificates renews at once; the Secrets of a cluster made before TLS are upgraded; and
+a renewal the API server refuses shows as CertificatesValid False."""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from cryptography import x509
+
+from pgherd.api.cluster import PostgresClusterSpec
+from pgherd.engine.revision import spec_revision
+from pgherd.kube import metrics, names
+from pgherd.kube.builders import secrets
+from pgherd.kube.builders.common import ClusterRef
+from pgherd_backup.agent.auth import token_digest
+from pgherd_backup.agent.tls import make_server_cert
+
+from .realkube import AuditLog, ChartIdentity, Kube, running_as
+from .test_operator import cluster_manifest, events
+from .waiting import eventually
+
+JSON = dict[str, Any]
+IMAGE = "ghcr.io/pgherd/pgherd:latest"
+
+
+def values(secret: JSON) -> dict[str, str]:
+    return {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
+
+
+def encoded(data: dict[str, str]) -> dict[str, str]:
+    return {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
+
+
+def dns_names(pem: str) -> set[str]:
+    cert = x509.load_pem_x509_certificate(pem.encode())
+    alt = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    return set(alt.get_values_for_type(x509.DNSName))
+
+
+def not_after(pem: str) -> datetime:
+    return x509.load_pem_x509_certificate(pem.encode()).not_valid_after_utc
+
+
+def condition(cluster: JSON, kind: str) -> JSON | None:
+    return next((c for c in (cluster.get("status") or {}).get("conditions") or [] if c["type"] == kind), None)
+
+
+def created(kube: Kube, ns: str, **spec: Any) -> tuple[JSON, ClusterRef]:
+    """The cluster object, and its ClusterRef (to make Secrets the way the operator would)."""
+    doc = kube.create(cluster_manifest(ns, instances=1, **spec))
+    model = PostgresClusterSpec.model_validate(doc["spec"])
+    ref = ClusterRef("hippo", ns, doc["metadata"]["uid"], model, IMAGE, spec_revision(model, IMAGE))
+    return doc, ref
+
+
+def seed_secrets(
+    kube: Kube, ref: ClusterRef, agent: Callable[[dict[str, str]], dict[str, str]]
+) -> dict[str, str]:
+    """The operator's Secret (a new CA and token) and an agents' Secret of `agent(operator data)`, made
+    before any operator runs: what the operator then finds."""
+    issuer = secrets.generate_operator_data(ref.name)
+    kube.create(secrets.operator_secret(ref, issuer))
+    body = secrets.agent_secret(ref, dict.fromkeys(secrets.AGENT_KEYS, "placeholder"))
+    body["data"] = encoded(agent(issuer))  # an old Secret's keys only
+    kube.create(body)
+    return issuer
+
+
+def agent_secret_changed(kube: Kube, ns: str, before: str) -> JSON | None:
+    secret = kube.read("secrets", ns, "hippo-agent")
+    return secret if secret and values(secret)["tls.crt"] != before else None
+
+
+def test_the_agents_secret_carries_the_replication_certificate_and_every_name(
+    kube: Kube, namespace: str, chart_operator: ChartIdentity
+) -> None:
+    ns = namespace
+    kube.create(cluster_manifest(ns, instances=1))
+    with running_as(chart_operator):
+        cluster = eventually(
+            lambda: (
+                (c := kube.read("postgresclusters", ns, "hippo"))
+                and (c.get("status") or {}).get("certificates")
+                and c
+            ),
+            what="status.certificates",
+        )
+        agent = values(eventually(lambda: kube.read("secrets", ns, "hippo-agent"), what="the agents' Secret"))
+        app = values(eventually(lambda: kube.read("secrets", ns, "hippo-app"), what="the app Secret"))
+        figures = metrics.CLUSTERS.figures(ns, "hippo").certificates
+    assert set(agent) == {
+        "tls.crt",
+        "tls.key",
+        "ca.crt",
+        "token.sha256",
+        "replication.crt",
+        "replication.key",
+    }
+    client = x509.load_pem_x509_certificate(agent["replication.crt"].encode())
+    assert client.subject.rfc4514_string().startswith("CN=streaming_replica")
+    names_held = dns_names(agent["tls.crt"])
+    for service in ("hippo-rw", "hippo-ro", "hippo-r"):
+        assert {
+            service,
+            f"{service}.{ns}",
+            f"{service}.{ns}.svc",
+            f"{service}.{ns}.svc.cluster.local",
+        } <= names_held
+    assert {f"hippo-{i}" for i in range(15)} <= names_held
+    assert f"*.hippo-headless.{ns}.svc" in names_held
+    expires = not_after(agent["tls.crt"])
+    assert timedelta(days=89) < expires - datetime.now(UTC) <= timedelta(days=90)
+    records = {r["name"]: r for r in cluster["status"]["certificates"]}
+    assert set(records) == {"server", "replication"}
+    assert records["server"]["secret"] == "hippo-agent"
+    assert records["server"]["notAfter"] == secrets.format_time(expires)
+    assert records["server"]["renewAt"] == secrets.format_time(
+        secrets.certificate_facts(agent["tls.crt"]).renew_at
+    )
+    valid = condition(cluster, "CertificatesValid")
+    assert valid is not None and valid["status"] == "True" and valid["reason"] == "Valid", valid
+    assert figures == {"server": expires, "replication": not_after(agent["replication.crt"])}
+    # The application's Secret: the CA, and a URI that verifies the -rw Service's name.
+    assert app["ca.crt"] == agent["ca.crt"]
+    assert app["uri"].endswith(f"@hippo-rw.{ns}.svc:5432/app?sslmode=verify-full")
+
+
+def test_a_certificate_two_thirds_through_its_life_is_issued_again(
+    kube: Kube, namespace: str, chart_operator: ChartIdentity, audit: AuditLog
+) -> None:
+    ns = namespace
+    _, ref = created(kube, ns, tls={"certificateLifetime": "1h"})
+    issued_at = datetime.now(UTC) - timedelta(minutes=50)  # renewAt (about 38 minutes in) has passed
+    issuer = seed_secrets(
+        kube,
+        ref,
+        lambda issuer: secrets.generate_agent_data(
+            "hippo", ns, issuer, lifetime=timedelta(hours=1), now=issued_at
+        ),
+    )
+    seeded = kube.read("secrets", ns, "hippo-agent")
+    operator_before = kube.read("secrets", ns, "hippo-operator")
+    assert seeded is not None and operator_before is not None
+    old = values(seeded)
+    mark = audit.fence()
+    with running_as(chart_operator):
+        renewed = eventually(lambda: agent_secret_changed(kube, ns, old["tls.crt"]), what="the renewal")
+        event = eventually(
+            lambda: events(kube, ns, lambda e: e.get("reason") == "CertificatesRenewed"), what="the Event"
+        )[0]
+        new = values(renewed)
+        cluster = eventually(
+            lambda: (
+                (c := kube.read("postgresclusters", ns, "hippo"))
+                and any(
+                    r["notAfter"] == secrets.format_time(not_after(new["tls.crt"]))
+                    for r in (c.get("status") or {}).get("certificates") or []
+                )
+                and c
+            ),
+            what="status.certificates to show the new expiry",
+        )
+    # New certificates, an hour long from now; the CA and the token's digest as they were.
+    assert new["ca.crt"] == old["ca.crt"] == issuer["ca.crt"]
+    assert new["token.sha256"] == old["token.sha256"]
+    assert new["tls.key"] != old["tls.key"] and new["replication.crt"] != old["replication.crt"]
+    assert timedelta(minutes=55) < not_after(new["tls.crt"]) - datetime.now(UTC) <= timedelta(hours=1)
+    assert renewed["type"] == "kubernetes.io/tls"
+    assert renewed["metadata"]["ownerReferences"] == seeded["metadata"]["ownerReferences"]
+    operator_after = kube.read("secrets", ns, "hippo-operator")
+    assert operator_after is not None
+    assert operator_after["metadata"]["resourceVersion"] == operator_before["metadata"]["resourceVersion"]
+    note = event["note"]
+    assert "issued the server (until" in note and "Secret hippo-agent again" in note
+    assert "two thirds of the server certificate's lifetime have passed" in note
+    assert secrets.format_time(not_after(new["tls.crt"])) in note
+    valid = condition(cluster, "CertificatesValid")
+    assert valid is not None and valid["status"] == "True", valid
+    # One renewal: read afresh, replaced once (a PUT with its resourceVersion), never patched.
+    audit.fence()
+    writes = [
+        (e.verb, e.code)
+        for e in audit.of(chart_operator.user, mark)
+        if e.resource == "secrets" and e.name == "hippo-agent"
+    ]
+    assert writes.count(("update", 200)) == 1 and ("patch", 200) not in writes, writes
+
+
+def test_the_rotate_annotation_renews_at_once(
+    kube: Kube, namespace: str, chart_operator: ChartIdentity
+) -> None:
+    ns = namespace
+    kube.create(cluster_manifest(ns, instances=1))
+    with running_as(chart_operator):
+        first = eventually(lambda: kube.read("secrets", ns, "hippo-agent"), what="the agents' Secret")
+        before = values(first)
+        eventually(
+            lambda: ((kube.read("postgresclusters", ns, "hippo") or {}).get("status") or {}).get(
+                "certificates"
+            ),
+            what="status.certificates",
+        )
+        kube.merge(
+            "postgresclusters",
+            ns,
+            "hippo",
+            {"metadata": {"annotations": {"pgherd.io/rotate-certificates": "1"}}},
+        )
+        renewed = eventually(lambda: agent_secret_changed(kube, ns, before["tls.crt"]), what="the rotation")
+        assert renewed["metadata"]["annotations"][names.ANNOTATION_ROTATED_FOR] == "1"
+        note = eventually(
+            lambda: events(kube, ns, lambda e: e.get("reason") == "CertificatesRenewed"), what="the Event"
+        )[0]["note"]
+        assert "asked for by pgherd.io/rotate-certificates=1" in note
+        # Issued for that value: not again while it stays.
+        version = renewed["metadata"]["resourceVersion"]
+        time.sleep(1.0)  # five ticks
+        again = kube.read("secrets", ns, "hippo-agent")
+        assert again is not None and again["metadata"]["resourceVersion"] == version
+    after = values(renewed)
+    assert after["ca.crt"] == before["ca.crt"] and after["token.sha256"] == before["token.sha256"]
+
+
+def test_the_secrets_of_a_cluster_made_before_tls_are_upgraded(
+    kube: Kube, namespace: str, chart_operator: ChartIdentity
+) -> None:
+    """The agents' Secret as pgherd made it before (no replication certificate, the headless names
+    alone, 825 days) and an app Secret without ca.crt: both upgraded, passwords and digest kept."""
+    ns = namespace
+    _, ref = created(kube, ns)
+
+    def old_agent(issuer: dict[str, str]) -> dict[str, str]:
+        headless = f"hippo-headless.{ns}"
+        cert, key = make_server_cert(
+            issuer["ca.crt"].encode(),
+            issuer["ca.key"].encode(),
+            f"*.{headless}.svc",
+            dns=[f"*.{headless}", "*.hippo-headless"],
+        )
+        return {
+            "tls.crt": cert.decode(),
+            "tls.key": key.decode(),
+            "ca.crt": issuer["ca.crt"],
+            "token.sha256": token_digest(issuer["token"]),
+        }
+
+    issuer = seed_secrets(kube, ref, old_agent)
+    password = "an old password"
+    old_app = secrets.app_data(ref, password, "unused")
+    del old_app["ca.crt"]
+    old_app["uri"] = old_app["uri"].removesuffix("?sslmode=verify-full")
+    app_body = secrets.app_secret(ref, {**old_app, "ca.crt": "placeholder"})
+    app_body["data"] = encoded(old_app)
+    kube.create(app_body)
+    seeded = kube.read("secrets", ns, "hippo-agent")
+    assert seeded is not None
+    old = values(seeded)
+    assert "replication.crt" not in old
+    with running_as(chart_operator):
+        renewed = eventually(lambda: agent_secret_changed(kube, ns, old["tls.crt"]), what="the upgrade")
+        app = eventually(
+            lambda: (s := kube.read("secrets", ns, "hippo-app")) and "ca.crt" in (s.get("data") or {}) and s,
+            what="the app Secret's CA",
+        )
+        note = eventually(
+            lambda: events(kube, ns, lambda e: e.get("reason") == "CertificatesRenewed"), what="the Event"
+        )[0]["note"]
+    new = values(renewed)
+    assert "the Secret lacks replication.crt, replication.key" in note
+    assert {"replication.crt", "replication.key"} <= set(new)
+    assert f"hippo-rw.{ns}.svc" in dns_names(new["tls.crt"])
+    assert new["ca.crt"] == issuer["ca.crt"] and new["token.sha256"] == old["token.sha256"]
+    assert not_after(new["tls.crt"]) - datetime.now(UTC) <= timedelta(days=90)
+    upgraded = values(app)
+    assert upgraded["password"] == password and upgraded["ca.crt"] == issuer["ca.crt"]
+    assert (
+        upgraded["uri"].endswith("?sslmode=verify-full")
+        and f":{password.replace(' ', '%20')}@" in upgraded["uri"]
+    )
+
+
+def test_a_renewal_the_api_server_refuses_shows_in_the_condition(
+    kube: Kube,
+    namespace: str,
+    chart_operator_factory: Callable[..., ChartIdentity],
+) -> None:
+    """Without the chart's `update` on Secrets the renewal is refused (403): CertificatesValid False,
+    RenewalFailed, the API server's words; with the chart's rights it goes through and turns True."""
+
+    def without_secret_updates(docs: list[JSON]) -> None:
+        for role in (d for d in docs if d["kind"] in ("ClusterRole", "Role")):
+            for rule in role["rules"]:
+                if "secrets" in rule["resources"]:
+                    rule["verbs"] = [v for v in rule["verbs"] if v != "update"]
+
+    ns = namespace
+    _, ref = created(kube, ns, tls={"certificateLifetime": "1h"})
+    issued_at = datetime.now(UTC) - timedelta(minutes=50)
+    seed_secrets(
+        kube,
+        ref,
+        lambda issuer: secrets.generate_agent_data(
+            "hippo", ns, issuer, lifetime=timedelta(hours=1), now=issued_at
+        ),
+    )
+    refused_identity = chart_operator_factory(edit=without_secret_updates, refusals=True)
+    with running_as(refused_identity):
+        cluster = eventually(
+            lambda: (
+                (c := kube.read("postgresclusters", ns, "hippo"))
+                and (found := condition(c, "CertificatesValid"))
+                and found["status"] == "False"
+                and found
+            ),
+            what="CertificatesValid False",
+        )
+    assert cluster["reason"] == "RenewalFailed"
+    assert "cannot renew the certificates of Secret hippo-agent" in cluster["message"]
+    assert "forbidden" in cluster["message"].lower()
+    with running_as(chart_operator_factory()):
+        eventually(
+            lambda: (
+                (c := kube.read("postgresclusters", ns, "hippo"))
+                and (found := condition(c, "CertificatesValid"))
+                and found["status"] == "True"
+            ),
+            what="CertificatesValid True once the renewal passes",
+        )
