@@ -9,6 +9,7 @@ import json
 import pytest
 
 from pgherd.api.cluster import Phase
+from pgherd.plugin import requests
 from pgherd.plugin.render import render
 from pgherd.plugin.summary import summarize
 
@@ -174,3 +175,21 @@ def test_events_and_notes_are_shown() -> None:
     text = render(summarize(document))
     assert "2 min ago  Warning Switchover x2: switchover to pg-9 refused" in text
     assert "Not shown:\n  Events: no permission" in text
+
+
+def test_engine_memory_a_merge_patch_left_behind_is_not_believed() -> None:
+    """The operator writes status by JSON merge patches, which keep a key left out: status.engine may
+    still hold a finished operation, an old lost-primary clock, an abort. The top-level fields and the
+    conditions (written whole) decide."""
+    stale = phases.failing_over()["cluster"]["status"]["engine"]
+    document = phases.running()
+    document["cluster"]["status"]["engine"] = {
+        **document["cluster"]["status"]["engine"],
+        "operation": stale["operation"],
+        "primaryLostSince": stale["primaryLostSince"],
+        "aborted": {"kind": "Switchover", "startedAt": "2026-01-01T11:00:00+00:00", "failed": "old"},
+    }
+    text = render(summarize(document))
+    assert "Operation:" not in text and "fails over" not in text and "abandoned" not in text
+    assert "nothing: it watches" in text
+    requests.rolling_restart(document["cluster"], phases.NOW)  # not refused for a stale Failover

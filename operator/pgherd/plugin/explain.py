@@ -9,7 +9,7 @@ the one the engine keeps. Pure: a status document in, an Explanation out.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -104,14 +104,40 @@ class Explanation:
 
 
 def engine_status(status: Mapping[str, Any]) -> EngineStatus | None:
-    """status.engine as the engine reads it back; None when absent or unreadable."""
+    """status.engine as the engine reads it back, believed only where the rest of the status agrees;
+    None when absent or unreadable.
+
+    The status is written by JSON merge patches, in which a key left out is kept: a field the engine
+    cleared may linger in status.engine. The top-level fields and the conditions are written whole, so
+    they decide: the operation is status.operation's, a lost primary's clock counts only while
+    PrimaryAvailable is False, the quorum's while QuorumHealthy is False, an aborted operation while
+    Progressing is False, a replica kept on the old major while PostgresVersionReached says so."""
     recorded = status.get("engine")
     if not isinstance(recorded, dict):
         return None
     try:
-        return EngineStatus.from_dict(recorded)
+        engine = EngineStatus.from_dict(recorded)
     except (KeyError, TypeError, ValueError):
         return None
+    operation: Operation | None = None
+    if isinstance(status.get("operation"), dict):
+        try:
+            operation = Operation.from_dict(status["operation"])
+        except (KeyError, TypeError, ValueError):
+            operation = None
+
+    def condition_is(kind: str, value: str, reason: str | None = None) -> bool:
+        found = _condition(status, kind) or {}
+        return found.get("status") == value and (reason is None or found.get("reason") == reason)
+
+    return replace(
+        engine,
+        operation=operation,
+        primary_lost_since=engine.primary_lost_since if condition_is("PrimaryAvailable", "False") else None,
+        quorum_lost_since=engine.quorum_lost_since if condition_is("QuorumHealthy", "False") else None,
+        aborted=engine.aborted if operation is None and condition_is("Progressing", "False") else None,
+        kept=engine.kept if condition_is("PostgresVersionReached", "True", "OldMajorKept") else None,
+    )
 
 
 def _condition(status: Mapping[str, Any], kind: str) -> JSON | None:
@@ -158,11 +184,6 @@ def explain(cluster: Mapping[str, Any], now: datetime) -> Explanation:
     if not status:
         reason = "the operator has not written a status yet: is it running, and watching this namespace?"
     operation = engine.operation if engine is not None else None
-    if operation is None and isinstance(status.get("operation"), dict):
-        try:
-            operation = Operation.from_dict(status["operation"])
-        except (KeyError, TypeError, ValueError):
-            operation = None
     since, since_what = _since(status, engine, operation)
     nexts = _next(phase, spec, status, engine, operation, now)
     return Explanation(
