@@ -145,6 +145,11 @@ class Driver(Protocol):
         """A libpq DSN to one member only (read-only on replicas)."""
         ...
 
+    def superuser_value(self, query: str) -> str | None:
+        """The one value (as text) `query` returns, run as the superuser on the primary, where the
+        platform lets the superuser in: its Unix socket (the sandbox's superuserDsn, psql in the pod)."""
+        ...
+
     def describe(self) -> str:
         """Where to look when a scenario fails: logs, directories, kubectl commands."""
         ...

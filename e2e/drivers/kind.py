@@ -259,7 +259,7 @@ class KindDriver(KubeDriver):
         return self.dsn("127.0.0.1", self._proxy.port)
 
     def member_dsn(self, name: str) -> str:
-        return self.dsn("127.0.0.1", self._forwarder(name).port())
+        return self.dsn("127.0.0.1", self._forwarder(name).port(), self.member_host(name))
 
     def _forwarder(self, pod: str) -> PodForwarder:
         if pod not in self._forwarders:

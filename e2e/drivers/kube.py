@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from psycopg.conninfo import make_conninfo
 
 from e2e.driver import (
     ClusterStatus,
@@ -30,6 +31,7 @@ from e2e.driver import (
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SWITCHOVER_ANNOTATION = "pgherd.io/switchover-to"
 DATA_MOUNT = "/var/lib/pgherd"  # the member's volume in its pod (pgherd.kube.names.DATA_MOUNT)
+SOCKET_DIR = f"{DATA_MOUNT}/agent/run"  # PostgreSQL's Unix socket in a member (agent options.socket_dir)
 POSTGRES_PORT = 5432
 S3_SECRET = "pgherd-e2e-s3"
 S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
@@ -372,16 +374,58 @@ class KubeDriver(PollingDriver):
         self.stop_operator()
 
     def credentials(self) -> dict[str, str]:
-        """The `<cluster>-app` Secret's keys (username, password, dbname), read once."""
+        """The `<cluster>-app` Secret's keys (username, password, dbname, ca.crt), read once."""
         if self._credentials is None:
             secret = self.get("secrets", f"{self.cluster}-app")
             data = secret.get("data") or {}
             self._credentials = {k: base64.b64decode(v).decode() for k, v in data.items()}
         return self._credentials
 
-    def dsn(self, host: str, port: int) -> str:
+    def ca_file(self) -> Path:
+        """The cluster's CA (the app Secret's `ca.crt`) in a file, for libpq's sslrootcert."""
+        path = self.workdir / "app-ca.crt"
+        if not path.exists():
+            ca = self.credentials().get("ca.crt")
+            if not ca:
+                raise DriverError(f"the Secret {self.cluster}-app has no ca.crt\n{self.describe()}")
+            path.write_text(ca)
+        return path
+
+    def service_host(self) -> str:
+        """The -rw Service's DNS name: the app Secret's host, a name the members' certificate holds."""
+        return f"{self.cluster}-rw.{self.namespace}.svc"
+
+    def member_host(self, member: str) -> str:
+        """A member's name under the headless Service, which the members' certificate holds."""
+        return f"{member}.{self.cluster}-headless.{self.namespace}.svc"
+
+    def dsn(self, address: str, port: int, server_name: str | None = None) -> str:
+        """The application's DSN, verifying the server as an application does (the app Secret's ca.crt,
+        verify-full): libpq connects to `address` (hostaddr: an IP this machine reaches) and checks the
+        certificate against `server_name`, the -rw Service's DNS name unless another is given."""
         c = self.credentials()
-        return (
-            f"host={host} port={port} user={c.get('username', 'app')} password={c.get('password', '')}"
-            f" dbname={c.get('dbname', 'app')} connect_timeout=5"
+        return make_conninfo(
+            host=server_name or self.service_host(),
+            hostaddr=address,
+            port=str(port),
+            user=c.get("username", "app"),
+            password=c.get("password", ""),
+            dbname=c.get("dbname", "app"),
+            sslmode="verify-full",
+            sslrootcert=str(self.ca_file()),
+            connect_timeout="5",
         )
+
+    def superuser_value(self, query: str) -> str | None:
+        """The one value `query` returns, run as the superuser on the primary's Unix socket (the only
+        place the superuser may log in): psql in its pod's container."""
+        primary = self.status().get("primary")
+        if not primary:
+            raise DriverError(f"no primary to ask\n{self.describe()}")
+        result = self.kube.run(
+            "-n", self.namespace, "exec", str(primary), "-c", "postgres", "--",
+            "psql", "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h", SOCKET_DIR, "-U", "postgres",
+            "-d", "postgres", "-c", query,
+        )  # fmt: skip
+        text = result.stdout.rstrip("\n")
+        return text if text else None

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
+import psycopg
 import yaml
 
 from e2e.driver import ClusterStatus, DriverError, Manifest, ManifestRefused, PollingDriver, member
@@ -217,6 +218,17 @@ class LocalDriver(PollingDriver):
         if not control.exists():
             raise DriverError(f"{control} does not exist: no upgrade check ran on {member}")
         control.unlink()
+
+    def superuser_value(self, query: str) -> str | None:
+        """The one value `query` returns, as the superuser on the primary's Unix socket: the sandbox
+        status's superuserDsn (the only place the superuser may log in)."""
+        result = self._sandbox("status", "--json", timeout=60)
+        dsn = json.loads(result.stdout).get("superuserDsn")
+        if not dsn:
+            raise DriverError(f"the sandbox status has no superuserDsn\n{self.describe()}")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            row = conn.execute(query).fetchone()
+        return None if row is None or row[0] is None else str(row[0])
 
     def rw_dsn(self) -> str:
         # Cached from the last status(): the write loop asks at every reconnect and must not wait on a CLI.

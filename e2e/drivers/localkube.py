@@ -17,8 +17,10 @@ How the scenarios' operations map:
                         (unschedulable) until bring_back()
   switchover(to)        annotation pgherd.io/switchover-to=<member|any> on the PostgresCluster
   kill_operator()       the operator Deployment scaled to 0 and its pod force-deleted; resume: scaled to 1
-  rw_dsn()              the `<cluster>-rw` Service's ClusterIP, port 5432 (kube-proxy on this host)
-  member_dsn(name)      the pod's IP, port 5432 (the pods' bridge is this host's)
+  rw_dsn()              the `<cluster>-rw` Service's ClusterIP, port 5432 (kube-proxy on this host),
+                        verify-full against the app Secret's ca.crt for the Service's DNS name
+  member_dsn(name)      the pod's IP, port 5432 (the pods' bridge is this host's), verified for the
+                        member's headless name
 The backup store is the cluster's S3 server (DIR/s3.json), its keys copied from `default/pgherd-e2e-s3`
 into each scenario's namespace. Every scenario's namespace enforces the `restricted` Pod Security
 Standard: a member, a Job's pod or a scenario's own pod that is not restricted is refused.
@@ -267,7 +269,7 @@ class LocalKubeDriver(KubeDriver):
         ip = (self.get("pods", name).get("status") or {}).get("podIP")
         if not ip:
             raise DriverError(f"pod {name} has no IP yet")
-        return self.dsn(str(ip), POSTGRES_PORT)
+        return self.dsn(str(ip), POSTGRES_PORT, self.member_host(name))
 
     def describe(self) -> str:
         lines = [

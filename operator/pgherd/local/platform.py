@@ -31,7 +31,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from pgherd.agentview import fetch_statuses, member_view, port_resolver
-from pgherd.api.annotations import restart_request, upgrade_requests
+from pgherd.api.annotations import ROTATE_CERTIFICATES, restart_request, upgrade_requests
 from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.engine import actions as act
 from pgherd.engine.view import ClusterView, MemberView
@@ -240,6 +240,18 @@ class LocalPlatform:
                 member.restarts += 1
                 member.save(self.paths)
                 self._start_pod(member, spec)
+
+    def rotate_certificates(self, request: str | None, spec: PostgresClusterSpec) -> None:
+        """The annotation pgherd.io/rotate-certificates: new certificates for a value not seen before."""
+        if self.credentials.rotate(request):
+            self._do_RecordEvent(
+                act.RecordEvent(
+                    "CertificatesRenewed",
+                    f"issued the members' and the replication certificates again: asked for by"
+                    f" {ROTATE_CERTIFICATES}={request}",
+                ),
+                spec,
+            )
 
     def _check_liveness(self) -> None:
         """/healthz of the members whose PostgreSQL should run and does not (from the last /status):

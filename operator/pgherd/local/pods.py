@@ -81,17 +81,38 @@ class Credentials:
     def replication_key(self) -> Path:
         return self.folder / f"{REPLICATION_USER}.client.key"
 
+    @property
+    def rotated_for(self) -> Path:
+        """The value of pgherd.io/rotate-certificates the certificates were last issued for."""
+        return self.folder / "rotated-for"
+
+    def _issue(self) -> None:
+        """Every member's certificate and the replication account's, issued (again) by the CA in place."""
+        names = [f"{self.state.cluster}-{i}" for i in range(MAX_MEMBERS)]
+        command = [*pgherd_command(), "instance", "certs", "--cluster", self.state.cluster]
+        command += ["--out", str(self.folder)]
+        for name in names:
+            command += ["--member", name]
+        command += ["--client", REPLICATION_USER]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"pgherd instance certs failed: {result.stderr.strip()[-500:]}")
+
+    def rotate(self, request: str | None) -> bool:
+        """pgherd.io/rotate-certificates, as on Kubernetes: for a value not seen at the last renewal,
+        the members' and the replication account's certificates are issued again (the CA and token
+        kept) in place, where the agents pick them up without a restart. True when it did."""
+        if request is None:
+            return False
+        if self.rotated_for.exists() and self.rotated_for.read_text().strip() == request:
+            return False
+        self._issue()
+        write_private(self.rotated_for, (request + "\n").encode())
+        return True
+
     def ensure(self) -> None:
         if not (self.folder / "token").exists() or not self.replication_cert.exists():
-            names = [f"{self.state.cluster}-{i}" for i in range(MAX_MEMBERS)]
-            command = [*pgherd_command(), "instance", "certs", "--cluster", self.state.cluster]
-            command += ["--out", str(self.folder)]
-            for name in names:
-                command += ["--member", name]
-            command += ["--client", REPLICATION_USER]
-            result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
-            if result.returncode != 0:
-                raise RuntimeError(f"pgherd instance certs failed: {result.stderr.strip()[-500:]}")
+            self._issue()
         # The sandbox's passwords (sandbox.json) are the ones its DSNs print: the agents use them.
         for path, value in (
             (self.superuser_password, self.state.superuser_password),

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from pgherd.api.annotations import rotate_request
 from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.engine import Decision, EngineStatus, decide
 from pgherd.engine.actions import Action, RecordEvent, UpdateBackup, UpdateRestore
@@ -152,6 +153,7 @@ class Supervisor:
         spec = PostgresClusterSpec.model_validate(cluster.get("spec") or {})
         status = self.engine_status()
         self.platform.current_primary = status.current_primary
+        self.platform.rotate_certificates(rotate_request(cluster["metadata"]), spec)
         if not spec.paused:
             self.platform.keep_running(spec)
             self.platform.advance_restores(spec)
