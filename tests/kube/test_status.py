@@ -3,7 +3,7 @@ timestamp changed (every tick builds it; 500 clusters must not write 500 statuse
 
 from __future__ import annotations
 
-from pgherd.kube.status import unchanged
+from pgherd.kube.status import merge_patch, unchanged
 
 CONDITION = {"type": "Ready", "status": "True", "reason": "Ok", "message": "", "observedGeneration": 1}
 
@@ -24,3 +24,40 @@ def test_any_other_difference_is_a_change() -> None:
     assert not unchanged({**base, "lastSuccessfulBackup": "b1"}, base)  # a key the last write lacked
     # keys the document does not name stay as they were: a merge patch leaves them alone
     assert unchanged({"phase": "Running"}, base)
+
+
+def test_a_status_write_removes_what_the_engine_no_longer_holds(kube, namespace) -> None:
+    """The status is written as a JSON merge patch, which keeps every key it does not name: an engine
+    field cleared (an operation finished, a primary no longer lost) must be written as null, else a
+    restarted or newly elected operator reads it back from status.engine and resumes it."""
+    from .test_operator import cluster_manifest
+
+    kube.create(cluster_manifest(namespace))
+    stored: dict = {}
+    for document in (
+        {
+            "phase": "FailingOver",
+            "engine": {
+                "timeline": 1,
+                "primaryLostSince": "2026-11-27T00:00:00+00:00",
+                "operation": {"kind": "Failover", "step": "fence"},
+            },
+        },
+        {"phase": "Running", "engine": {"timeline": 2}},
+    ):
+        kube.merge(
+            "postgresclusters",
+            namespace,
+            "hippo",
+            {"status": merge_patch(document, stored)},
+            subresource="status",
+        )
+        stored = {**stored, **document}
+    engine = (kube.read("postgresclusters", namespace, "hippo") or {})["status"]["engine"]
+    assert engine == {"timeline": 2}
+
+
+def test_the_merge_patch_nulls_nested_keys_only() -> None:
+    stored = {"engine": {"a": 1, "op": {"x": 1, "y": 2}}, "written": "by someone else", "members": [{"n": 1}]}
+    document = {"engine": {"op": {"x": 2}}, "members": []}
+    assert merge_patch(document, stored) == {"engine": {"op": {"x": 2, "y": None}, "a": None}, "members": []}

@@ -48,7 +48,7 @@ from pgherd.kube.objects import CertificateCheck, OwnedObjects, expand_volumes
 from pgherd.kube.observe import ClusterObjects, PodProblem, cluster_view, pod_ip, pod_problems
 from pgherd.kube.restores import Restores
 from pgherd.kube.retention import Retention
-from pgherd.kube.status import cluster_status, unchanged
+from pgherd.kube.status import cluster_status, merge_patch, unchanged
 from pgherd.kube.volumes import Volumes
 
 log = logging.getLogger("pgherd.kube.loop")
@@ -211,7 +211,11 @@ class ClusterLoop:
             if not self.holding():
                 return
             await self.api.patch(
-                "PostgresCluster", self.namespace, self.name, {"status": document}, subresource="status"
+                "PostgresCluster",
+                self.namespace,
+                self.name,
+                {"status": merge_patch(document, self.status_doc)},
+                subresource="status",
             )
             self.status_doc = {**(self.status_doc or {}), **document}
         self.engine = decision.status
@@ -433,7 +437,11 @@ class ClusterLoop:
         }
         try:
             await self.api.patch(
-                "PostgresCluster", self.namespace, self.name, {"status": document}, subresource="status"
+                "PostgresCluster",
+                self.namespace,
+                self.name,
+                {"status": merge_patch(document, self.status_doc)},
+                subresource="status",
             )
             if self.status_doc is not None:  # once it passes, the engine's status is written again
                 self.status_doc = {**self.status_doc, **document}

@@ -154,3 +154,18 @@ def unchanged(document: Mapping[str, Any], previous: Mapping[str, Any]) -> bool:
         elif previous.get(key) != value:
             return False
     return True
+
+
+def merge_patch(document: Mapping[str, Any], stored: Mapping[str, Any] | None) -> JSON:
+    """`document` as a JSON merge patch over what is `stored`: a merge patch keeps every key it does not
+    name, so a key of a nested object (the engine's memory, the operation) that `document` no longer
+    holds is written as null. Top-level keys it does not name stay (others write them)."""
+
+    def nulled(new: Any, old: Any) -> Any:
+        if isinstance(new, Mapping) and isinstance(old, Mapping):
+            out = {key: nulled(value, old.get(key)) for key, value in new.items()}
+            out.update({key: None for key in old if key not in new})
+            return out
+        return new
+
+    return {key: nulled(value, (stored or {}).get(key)) for key, value in document.items()}
