@@ -6,9 +6,10 @@
   leadership, and kept in memory while it runs: the watch may lag behind the loop's own writes.
 - Status is written (status subresource) before any action, and only when it changed.
 - Then the owned objects are created when missing and patched when their desired form changes (an
-  action like the others; only the Secrets the agents need come first); Secrets are created once and
-  never overwritten. A refused write sets phase Failed with a condition and an Event; the next tick
-  that passes writes the engine's status again.
+  action like the others; only the Secrets the agents need come first, and their certificates, renewed
+  when due, before the status that reports them); Secrets are created once, and only the agents'
+  certificates are ever replaced. A refused write sets phase Failed with a condition and an Event; the
+  next tick that passes writes the engine's status again.
 - Wakes at once on a change of the cluster or of its pods; else every ``interval`` (shorter while an
   operation is in flight: each step of a failover waits for an observation).
 - After acting: a restore's progress onto its Restore, and the Backups whose snapshot a prune Job

@@ -318,7 +318,7 @@ class OwnedObjects:
         found = await self.api.find("Secret", namespace, name)
         if found is not None:
             return found
-        body = build()  # generated only when missing: never overwritten
+        body = build()  # generated only when missing
         try:
             return await self.api.create("Secret", namespace, body)
         except ApiError as exc:
