@@ -332,8 +332,8 @@ class ClusterLoop:
                 body,
                 RecordEvent(
                     "CertificatesRenewed",
-                    f"issued the {which} certificates of Secret {check.secret} again:"
-                    f" {check.renewed.message}",
+                    f"issued the {which} certificates of Secret {check.secret} again"
+                    f" ({check.renewed.reason}): {check.renewed.message}",
                 ),
             )
         return check

@@ -211,7 +211,16 @@ class OwnedObjects:
         )
         upgraded = secrets.app_data_upgraded(ref, secrets.secret_values(app), ca_cert)
         if upgraded is not None:  # made before TLS: the CA and a verify-full URI, the password kept
-            await self._replace_data(app, upgraded)
+            try:
+                await self._replace_data(app, upgraded)
+            except ApiError as exc:  # its old URI still connects (TLS, unverified): not worth stopping for
+                log.warning(
+                    "%s/%s: cannot add ca.crt to Secret %s: %s",
+                    ref.namespace,
+                    ref.name,
+                    names.secret_app(ref.name),
+                    exc,
+                )
         namespace = ref.namespace
         self._secrets = AgentSecrets(
             token=token,
