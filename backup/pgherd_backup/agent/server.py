@@ -103,7 +103,9 @@ class AgentServer:
         self.context = context
         self.view = view or View(instance)
         self.max_connections = connection_limit()
-        self.max_per_client = max(4, self.max_connections // 4)
+        # Half from one address: a flood of hundreds at once from one pod, or from the node the kubelet
+        # probes from, still leaves room for everyone else.
+        self.max_per_client = max(4, self.max_connections // 2)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         try:
