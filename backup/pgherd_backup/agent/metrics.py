@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
 import threading
 import time
 from collections import Counter
@@ -37,7 +36,7 @@ from prometheus_client.registry import Collector
 from pgherd_backup.agent import custom_queries, status
 from pgherd_backup.agent.instance import Instance
 from pgherd_backup.agent.seeding import MONITOR_ROLE
-from pgherd_backup.agent.server import BACKLOG, connection_limit
+from pgherd_backup.agent.server import connection_limit, listening_socket
 from pgherd_backup.agent.view import Shared
 
 log = logging.getLogger("pgherd.agent")
@@ -502,16 +501,7 @@ class MetricsServer:
         self.registry.register(MemberCollector(readings))
         # The agent's own CPU and memory: pgherd_agent_process_cpu_seconds_total, ..._resident_memory_bytes
         ProcessCollector(namespace="pgherd_agent", registry=self.registry)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self._sock.bind((host, port))
-            self._sock.listen(BACKLOG)
-        except OSError:
-            self._sock.close()
-            raise
-        self._sock.setblocking(False)
+        self._sock = listening_socket(host, port)
         self._loop = asyncio.new_event_loop()
         self._pool = ThreadPoolExecutor(RENDER_THREADS, thread_name_prefix="agent-metrics-render")
         self._thread: threading.Thread | None = None

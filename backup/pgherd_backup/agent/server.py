@@ -88,6 +88,21 @@ def connection_limit() -> int:
     return MAX_CONNECTIONS if soft == resource.RLIM_INFINITY else max(16, min(MAX_CONNECTIONS, soft // 2))
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A non-blocking socket listening on host:port (IPv6 when the host is), for an event loop."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(BACKLOG)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
 class AgentServer:
     """The server's event loop in a thread; `stop()` closes it."""
 
@@ -106,16 +121,7 @@ class AgentServer:
         # Half from one address: a flood of hundreds at once from one pod, or from the node the kubelet
         # probes from, still leaves room for everyone else.
         self.max_per_client = max(4, self.max_connections // 2)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self._sock.bind((host, port))
-            self._sock.listen(BACKLOG)
-        except OSError:
-            self._sock.close()
-            raise
-        self._sock.setblocking(False)
+        self._sock = listening_socket(host, port)
         self._loop = asyncio.new_event_loop()
         self._thread: threading.Thread | None = None
         self._server: asyncio.Server | None = None

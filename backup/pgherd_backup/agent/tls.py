@@ -132,39 +132,17 @@ def make_server_cert(
 ) -> tuple[bytes, bytes]:
     """A server certificate for `member`, signed by the cluster CA: (certificate PEM, key PEM), valid
     from `now` (5 minutes before, for clocks a little behind) for `lifetime` (else `days`)."""
-    ca_cert = x509.load_pem_x509_certificate(ca_cert_pem)
-    ca_key = serialization.load_pem_private_key(ca_key_pem, password=None)
-    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-        raise ValueError("the CA key is not an ECDSA key made by `pgherd instance certs`")
-    key = ec.generate_private_key(ec.SECP256R1())
     dns_names, addresses = server_names(member, ips=ips, dns=dns, headless_service=headless_service)
     alt_names: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
     alt_names += [x509.IPAddress(ipaddress.ip_address(a)) for a in addresses]
-    valid_from, valid_until = _validity(now, lifetime, days)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(
-            x509.Name(
-                [
-                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, "pgherd"),
-                    x509.NameAttribute(NameOID.COMMON_NAME, _common_name(member)),
-                ]
-            )
-        )
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(valid_from)
-        .not_valid_after(valid_until)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-        )
-        .sign(ca_key, hashes.SHA256())
+    return _signed_leaf(
+        ca_cert_pem,
+        ca_key_pem,
+        _common_name(member),
+        ExtendedKeyUsageOID.SERVER_AUTH,
+        _validity(now, lifetime, days),
+        x509.SubjectAlternativeName(alt_names),
     )
-    return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
 
 
 def make_client_cert(
@@ -179,31 +157,47 @@ def make_client_cert(
     """A client certificate for the PostgreSQL role `user` (its common name: what pg_hba's `cert`
     method matches), signed by the cluster CA: (certificate PEM, key PEM); validity as
     `make_server_cert`'s."""
+    if len(user) > _COMMON_NAME_MAX:
+        raise ValueError(f"a client certificate's user name is at most {_COMMON_NAME_MAX} characters")
+    return _signed_leaf(
+        ca_cert_pem, ca_key_pem, user, ExtendedKeyUsageOID.CLIENT_AUTH, _validity(now, lifetime, days)
+    )
+
+
+def _signed_leaf(
+    ca_cert_pem: bytes,
+    ca_key_pem: bytes,
+    common_name: str,
+    usage: x509.ObjectIdentifier,
+    validity: tuple[datetime.datetime, datetime.datetime],
+    alt_names: x509.SubjectAlternativeName | None = None,
+) -> tuple[bytes, bytes]:
+    """A new key and its certificate (not a CA) for `common_name` and `usage`, signed by the cluster CA."""
     ca_cert = x509.load_pem_x509_certificate(ca_cert_pem)
     ca_key = serialization.load_pem_private_key(ca_key_pem, password=None)
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
         raise ValueError("the CA key is not an ECDSA key made by `pgherd instance certs`")
-    if len(user) > _COMMON_NAME_MAX:
-        raise ValueError(f"a client certificate's user name is at most {_COMMON_NAME_MAX} characters")
     key = ec.generate_private_key(ec.SECP256R1())
-    valid_from, valid_until = _validity(now, lifetime, days)
-    cert = (
+    name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "pgherd"),
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+        ]
+    )
+    builder = (
         x509.CertificateBuilder()
-        .subject_name(
-            x509.Name(
-                [
-                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, "pgherd"),
-                    x509.NameAttribute(NameOID.COMMON_NAME, user),
-                ]
-            )
-        )
+        .subject_name(name)
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(valid_from)
-        .not_valid_after(valid_until)
+        .not_valid_before(validity[0])
+        .not_valid_after(validity[1])
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+    )
+    if alt_names is not None:
+        builder = builder.add_extension(alt_names, critical=False)
+    cert = (
+        builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
         )
