@@ -74,6 +74,7 @@ def claim_machine(fd: int, directory: Path, settings: Settings) -> None:
                 f"a localkube cluster {where} ({', '.join(running)}); only one can run on a machine: "
                 f"`python -m e2e.localkube down --dir {owner}` first"
             )
+        bring_down_remains(fd, owner)
     if host.bridge_exists(settings.bridge):
         raise lock.Busy(
             f"the bridge {settings.bridge} exists (another cluster, or one whose `down` did not finish): "
@@ -89,6 +90,19 @@ def claim_machine(fd: int, directory: Path, settings: Settings) -> None:
                 taken.append(f"{port} ({name})")
     if taken:
         raise lock.Busy(f"ports taken: {', '.join(taken)}; choose others with --port-base")
+
+
+def bring_down_remains(fd: int, owner: Path) -> None:
+    """The owner's processes are gone but it never ran `down` (its run was killed): its bridge, cgroups,
+    mounts and rules are still there, and only its state.json knows them. Undo them as `down` would."""
+    layout = Layout(owner)
+    if not layout.state.exists():
+        return
+    say(f"the cluster of {owner} stopped without `down`: bringing down what it left")
+    left = teardown(layout, State.load(layout))
+    if left:
+        raise lock.Busy(f"the cluster of {owner} left what `down` could not remove: {', '.join(left)}")
+    lock.set_owner(fd, None)
 
 
 def fresh_directory(directory: Path) -> None:
