@@ -37,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -54,6 +54,11 @@ from e2e.drivers.kube import (
     kubectl_binary,
     store_at,
 )
+from e2e.localkube import s3
+from e2e.localkube.processes import stop
+from e2e.localkube.prometheus_binaries import prometheus_bin
+from e2e.localkube.settings import Layout
+from e2e.localkube.state import State
 from e2e.rbac import Grant, bound_grants
 
 UP_TIMEOUT = 1800.0  # a cold start builds the image
@@ -85,6 +90,12 @@ class LocalKube:
     def kubeconfig(self) -> Path:
         return self.dir / "kubeconfig"
 
+    @property
+    def prometheus_url(self) -> str | None:
+        """The cluster's Prometheus (`up --prometheus`), or None when it has none."""
+        info = self.dir / "prometheus.json"
+        return str(json.loads(info.read_text())["url"]) if info.exists() else None
+
     def crictl(self, *args: str) -> subprocess.CompletedProcess[str]:
         binary = Path(self.state["binDir"]) / "crictl"
         endpoint = f"unix://{self.dir / 'containerd' / 'containerd.sock'}"
@@ -108,6 +119,8 @@ class LocalKube:
             tempfile.mkdtemp(prefix="pgherd-localkube-", dir=os.environ.get("PGHERD_E2E_WORKDIR"))
         )
         command = [sys.executable, "-m", "e2e.localkube", "up", "--dir", str(directory)]
+        if prometheus_bin() is not None:  # built by make setup-kube; else the monitoring scenarios skip
+            command.append("--prometheus")
         try:
             result = subprocess.run(
                 command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=UP_TIMEOUT, check=False
@@ -231,6 +244,20 @@ class LocalKubeDriver(KubeDriver):
             pid = int(json.loads(inspected.stdout)["info"]["pid"])
             # The container's init (its agent): the PID namespace, PostgreSQL included, dies with it.
             os.kill(pid, signal.SIGKILL)
+
+    @contextlib.contextmanager
+    def store_unreachable(self) -> Iterator[None]:
+        """The backup store down (the session's S3 server stopped: connections refused) for the block,
+        then served again from the same address and data. Every cluster of the session shares it."""
+        layout = Layout(self.localkube.dir)
+        state = State.load(layout)
+        server = state.process("s3")
+        if server is not None:
+            stop(server, 10.0)
+        try:
+            yield
+        finally:
+            state.add_process(s3.serve_again(layout))
 
     # -- the operator and connections ------------------------------------------------------------------
 

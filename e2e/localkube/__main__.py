@@ -1,7 +1,7 @@
 """`python -m e2e.localkube up --dir DIR` / `down --dir DIR`: a real single-node Kubernetes on this
 machine (see e2e/localkube/__init__.py and NOTES.md).
 
-    up --dir DIR [--no-operator] [--image-archive PATH] [--port-base N] [--keep-on-failure]
+    up --dir DIR [--no-operator] [--prometheus] [--image-archive PATH] [--port-base N] [--keep-on-failure]
     down --dir DIR [--keep]          stop and remove everything `up` started; DIR too unless --keep
     status --dir DIR [--sample S]    the cluster's processes with their CPU and memory
 """
@@ -43,6 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--keep-on-failure", action="store_true", help="leave a failed cluster running, to look at it"
     )
+    p.add_argument(
+        "--prometheus",
+        action="store_true",
+        help="also start Prometheus, scraping the members and the operator as the chart's PodMonitors"
+        " would and evaluating its alerts (DIR/prometheus.json says where)",
+    )
     p = sub.add_parser("down", help="stop the cluster in DIR and remove it")
     p.add_argument("--dir", type=Path, required=True)
     p.add_argument("--keep", action="store_true", help="keep DIR (logs, audit log, volumes)")
@@ -61,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             postgres_major=args.postgres_major,
             extra_majors=args.extra_majors,
             keep_on_failure=args.keep_on_failure,
+            prometheus=args.prometheus,
         )
         try:
             up(directory, Settings(ports=Ports(base=args.port_base)), options)

@@ -11,6 +11,7 @@ import json
 import os
 import secrets
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -44,16 +45,14 @@ def secret(access_key: str, secret_key: str) -> dict[str, Any]:
     }
 
 
-def s3_server(layout: Layout, settings: Settings, kubectl: Kubectl) -> tuple[Process, dict[str, str]]:
+def _serve(layout: Layout, address: str, port: int, access_key: str, secret_key: str) -> Process:
     rclone = find_rclone()
     if rclone is None:
         raise RuntimeError(f"rclone not found for the S3 server: {SANDBOX_EXTRA_FIX}")
-    port = free_port(settings.node_ip)
-    access_key, secret_key = "pgherd", secrets.token_hex(16)
-    endpoint = f"http://{settings.node_ip}:{port}"
+    endpoint = f"http://{address}:{port}"
     (layout.s3_data / S3_BUCKET).mkdir(parents=True, exist_ok=True)  # rclone: a folder is a bucket
     argv = [
-        rclone, "serve", "s3", str(layout.s3_data), "--addr", f"{settings.node_ip}:{port}",
+        rclone, "serve", "s3", str(layout.s3_data), "--addr", f"{address}:{port}",
         "--etag-hash", "", "--dir-cache-time", "1s", "--log-level", "NOTICE",
     ]  # fmt: skip
     # The keys go through the environment, never on a command line.
@@ -66,8 +65,15 @@ def s3_server(layout: Layout, settings: Settings, kubectl: Kubectl) -> tuple[Pro
         process=process,
         log=layout.log("s3"),
     )
+    return process
+
+
+def s3_server(layout: Layout, settings: Settings, kubectl: Kubectl) -> tuple[Process, dict[str, str]]:
+    port = free_port(settings.node_ip)
+    access_key, secret_key = "pgherd", secrets.token_hex(16)
+    process = _serve(layout, settings.node_ip, port, access_key, secret_key)
     store = {
-        "endpoint": endpoint,
+        "endpoint": f"http://{settings.node_ip}:{port}",
         "bucket": S3_BUCKET,
         "accessKeyId": access_key,
         "secretAccessKey": secret_key,
@@ -76,3 +82,13 @@ def s3_server(layout: Layout, settings: Settings, kubectl: Kubectl) -> tuple[Pro
     write_private(layout.s3_json, (json.dumps(store, indent=2) + "\n").encode())
     kubectl.apply([secret(access_key, secret_key)])
     return process, store
+
+
+def serve_again(layout: Layout) -> Process:
+    """The S3 server started again as DIR/s3.json describes it (same address, keys and data), after a
+    scenario stopped it to make the store unreachable."""
+    store = json.loads(layout.s3_json.read_text())
+    address = urllib.parse.urlsplit(store["endpoint"])
+    return _serve(
+        layout, str(address.hostname), int(address.port or 80), store["accessKeyId"], store["secretAccessKey"]
+    )

@@ -21,6 +21,7 @@ from e2e.localkube import (
     lock,
     netpol,
     node,
+    prometheus,
     s3,
     storage,
 )
@@ -51,6 +52,7 @@ class Options:
     postgres_major: int = POSTGRES_MAJOR
     extra_majors: str = EXTRA_MAJORS  # the Dockerfile's PG_EXTRA_MAJORS ("default": its own)
     keep_on_failure: bool = False
+    prometheus: bool = False  # also a Prometheus scraping the pods as the chart's PodMonitors would
 
 
 def say(message: str) -> None:
@@ -215,6 +217,9 @@ def start_cluster(
         "the default ServiceAccount", lambda: kubectl.ok("get", "serviceaccount", "default"), timeout=60
     )
     write_env(layout, bin_dir)
+    if options.prometheus:
+        state.add_process(prometheus.start_prometheus(layout))
+        say(f"Prometheus: {prometheus.info_file(layout).read_text().strip()}")
 
     if not options.operator:
         return
@@ -252,6 +257,7 @@ localkube is up in {state.data.get("upSeconds")} s ({state.data.get("versions")}
   node:       {NODE_NAME} ({settings.node_ip}), pods on {settings.bridge} {settings.pod_cidr}, services {settings.service_cidr}
   storage:    default StorageClass {STORAGE_CLASS} (local-path-provisioner, volumes in {layout.volumes})
   S3:         {layout.s3_json} (keys also in Secret default/pgherd-e2e-s3)
+  Prometheus: {prometheus.info_file(layout) if options.prometheus else "not started (--prometheus starts it)"}
   operator:   {"helm release " + RELEASE + " in " + OPERATOR_NAMESPACE + ", values " + str(layout.values) if options.operator else "not installed (--no-operator)"}
 Use it:
   export KUBECONFIG={layout.kubeconfig}     # or: source {layout.env}
