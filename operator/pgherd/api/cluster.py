@@ -233,7 +233,37 @@ class S3Credentials(ApiModel):
     secret_access_key_key: str = Field(default="AWS_SECRET_ACCESS_KEY", min_length=1)
 
 
+SECRET_KEY_PATTERN = CONFIG_MAP_KEY_PATTERN  # a Secret's key, mounted as a file: the same rule
+ENDPOINT_CA_KEY = "ca.crt"
+
+
+class EndpointCA(ApiModel):
+    secret_name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=NAME_PATTERN,
+        description="Secret in the cluster's namespace holding the CA certificate(s), PEM.",
+    )
+    key: str = Field(
+        default=ENDPOINT_CA_KEY,
+        max_length=253,
+        pattern=SECRET_KEY_PATTERN,
+        description="Its key: one or more PEM certificates. Default ca.crt (cert-manager's).",
+    )
+
+
 class S3Store(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            rule(
+                "!has(self.endpointCA) || (has(self.endpoint) && self.endpoint.startsWith('https://'))",
+                "endpointCA verifies the certificate of an https endpoint: set endpoint to the https:// URL"
+                " of the S3 server that CA signed",
+                ".endpointCA",
+            )
+        )
+    )
+
     bucket: str = Field(pattern=S3_BUCKET_PATTERN, description="Bucket name (must exist).")
     path: str = Field(
         default="",
@@ -252,6 +282,16 @@ class S3Store(ApiModel):
     region: str = Field(default="us-east-1", min_length=1)
     force_path_style: bool = Field(default=False, description="Address the bucket in the path (MinIO).")
     credentials: S3Credentials = Field(description="Where the access keys are: always a Secret.")
+    endpoint_ca: EndpointCA | None = Field(
+        default=None,
+        alias="endpointCA",
+        description=(
+            "The CA that signed the https endpoint's certificate (MinIO or Ceph with their own CA): every"
+            " S3 client of pgherd (WAL archiving and fetching, snapshot, prune and restore) verifies the"
+            " endpoint against these certificates only, instead of the system's. Unset: the system's CAs."
+            " A missing Secret or key fails archiving and backups with a message naming it."
+        ),
+    )
 
 
 class BackupStore(ApiModel):
