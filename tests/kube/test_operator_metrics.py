@@ -82,6 +82,9 @@ def test_each_failover_and_switchover_is_counted_once() -> None:
     ns, name = "metrics-unit", "hippo"
     began = datetime.now(UTC)
     record = {"phase": "FailingOver", "conditions": [], "instances": 3, "readyInstances": 2}
+    metrics.record(ns, name, record, last_backup_at=None, schedule=False, operation=None, failed_backups=[])
+    for counter in ("pgherd_failovers_total", "pgherd_switchovers_total"):  # there at 0 before the first
+        assert metrics.REGISTRY.get_sample_value(counter, {"namespace": ns, "cluster": name}) == 0
     for operation in [("Failover", began), ("Failover", began), None, ("Switchover", began + timedelta(1))]:
         metrics.record(
             ns, name, record, last_backup_at=None, schedule=False, operation=operation, failed_backups=["a"]

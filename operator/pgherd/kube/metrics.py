@@ -182,13 +182,15 @@ def record(
 def count_operation(namespace: str, name: str, kind: str | None, started_at: datetime | None) -> None:
     """A failover or switchover is counted once, when an operation of that kind first appears."""
     figures = CLUSTERS.figures(namespace, name)
+    # Both series exist at 0 before the first one: increase() then sees the first, and dashboards show 0.
+    failovers, switchovers = FAILOVERS.labels(namespace, name), SWITCHOVERS.labels(namespace, name)
     if kind is None or started_at is None or figures.operation == (kind, started_at):
         return
     figures.operation = (kind, started_at)
     if kind == "Failover":
-        FAILOVERS.labels(namespace, name).inc()
+        failovers.inc()
     elif kind == "Switchover":
-        SWITCHOVERS.labels(namespace, name).inc()
+        switchovers.inc()
 
 
 def count_failed_backups(namespace: str, name: str, failed: Iterable[str]) -> None:
