@@ -6,7 +6,8 @@ fallback) on 127.0.0.1; `containers` takes S3 from a MinIO container (testcontai
 `auto` (default) uses containers only when a Docker engine answers. PostgreSQL always runs from
 local binaries: the data-plane tests restore, rewind and archive from the data directory itself.
 
-Fixtures for other suites: `pg_bin`, `work_root`, `discard`, `s3_server`, `s3_store`, `pg_factory`,
+Fixtures for other suites: `pg_bin`, `work_root`, `discard`, `s3_server`, `s3_store`, `tls_s3_server`,
+`tls_s3_store` (S3 over HTTPS with a private CA), `pg_factory`,
 `pg_pair`, `agent`.
 """
 
@@ -29,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from pgherd.local.s3server import S3Server, free_port
+from pgherd.local.s3server import S3Server, S3Tls, free_port
 from pgherd_backup.postgres import config, postmaster, seed
 from pgherd_backup.postgres.binaries import PgBinaries
 from pgherd_backup.postgres.process import grant_traverse
@@ -134,14 +135,18 @@ class S3Endpoint:
     region: str = "us-east-1"
     server: S3Server | None = None
     container: Any = None
+    ca_bundle: str | None = None  # an HTTPS server's private CA (AWS_CA_BUNDLE)
 
     def env(self) -> dict[str, str]:
-        return {
+        env = {
             "AWS_ENDPOINT_URL": self.endpoint_url,
             "AWS_REGION": self.region,
             "AWS_ACCESS_KEY_ID": self.access_key,
             "AWS_SECRET_ACCESS_KEY": self.secret_key,
         }
+        if self.ca_bundle:
+            env["AWS_CA_BUNDLE"] = self.ca_bundle
+        return env
 
     @contextlib.contextmanager
     def outage(self) -> Iterator[None]:
@@ -169,6 +174,7 @@ class S3Endpoint:
             region_name=self.region,
             aws_access_key_id=self.access_key,
             aws_secret_access_key=self.secret_key,
+            verify=self.ca_bundle,
         )
 
 
@@ -190,6 +196,27 @@ def s3_server(test_backend: str, work_root: Path) -> Iterator[S3Endpoint]:
     server.create_bucket(BUCKET)
     try:
         yield S3Endpoint(server.endpoint_url, BUCKET, server.access_key, server.secret_key, server=server)
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def tls_s3_server(work_root: Path) -> Iterator[S3Endpoint]:
+    """A local S3 server over HTTPS whose certificate a private CA made here signs (a MinIO with its
+    own CA); `ca_bundle` is that CA's file, readable by the PostgreSQL account."""
+    tls = S3Tls.issue(work_root / "s3-tls-pki")
+    server = S3Server(work_root / "s3-tls", tls=tls, backend=os.environ.get("PGHERD_TEST_S3", "auto"))
+    server.start()
+    server.create_bucket(BUCKET)
+    try:
+        yield S3Endpoint(
+            server.endpoint_url,
+            BUCKET,
+            server.access_key,
+            server.secret_key,
+            server=server,
+            ca_bundle=str(tls.ca),
+        )
     finally:
         server.stop()
 
@@ -222,6 +249,12 @@ class StoreInfo:
 @pytest.fixture
 def s3_store(s3_server: S3Endpoint) -> StoreInfo:
     return StoreInfo(f"s3://{s3_server.bucket}/t-{uuid.uuid4().hex[:10]}", "demo", s3_server)
+
+
+@pytest.fixture
+def tls_s3_store(tls_s3_server: S3Endpoint) -> StoreInfo:
+    """This test's own archive on the HTTPS server of a private CA (`tls_s3_server`)."""
+    return StoreInfo(f"s3://{tls_s3_server.bucket}/t-{uuid.uuid4().hex[:10]}", "demo", tls_s3_server)
 
 
 class PgInstance:

@@ -42,6 +42,12 @@ def _store_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--system-id", default=None, help="PostgreSQL system identifier (default: found)")
     group.add_argument("--endpoint", default=None, help="S3 endpoint URL ($AWS_ENDPOINT_URL)")
     group.add_argument("--region", default=None, help="S3 region ($AWS_REGION)")
+    group.add_argument(
+        "--ca-bundle",
+        default=None,
+        metavar="PATH",
+        help="verify an https endpoint with these CA certificates (PEM) alone, not the system's ($AWS_CA_BUNDLE)",
+    )
     group.add_argument("--access-key-id", default=None, help="($AWS_ACCESS_KEY_ID; prefer the variable)")
     group.add_argument(
         "--secret-access-key", default=None, help="($AWS_SECRET_ACCESS_KEY; prefer the variable)"
@@ -67,6 +73,7 @@ def _open_store(args: argparse.Namespace) -> Any:
     settings = S3Settings.from_env(
         endpoint_url=args.endpoint,
         region=args.region,
+        ca_bundle=args.ca_bundle,
         access_key_id=args.access_key_id,
         secret_access_key=args.secret_access_key,
     )

@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import http.client
 import re
+import ssl
 import threading
 import urllib.parse
 from dataclasses import dataclass
@@ -34,6 +35,30 @@ class LiteS3Error(Exception):
             "Error": {"Code": code, "Message": message},
             "ResponseMetadata": {"HTTPStatusCode": status},
         }
+
+
+class CABundleError(Exception):
+    """The CA bundle an https endpoint is to be verified with cannot be used (`problem` says why)."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"the CA bundle {path} {problem}")
+        self.path = path
+        self.problem = problem
+
+
+def tls_context(ca_bundle: str | None) -> ssl.SSLContext:
+    """What an https endpoint is verified with: the certificates of `ca_bundle` alone (a private CA, as
+    botocore's `verify=` takes it), else the system's. Never unverified."""
+    if ca_bundle is None:
+        return ssl.create_default_context()
+    try:
+        return ssl.create_default_context(cafile=ca_bundle)
+    except FileNotFoundError:
+        raise CABundleError(ca_bundle, "does not exist") from None
+    except ssl.SSLError:  # before OSError, its base: the file reads but holds no certificate
+        raise CABundleError(ca_bundle, "holds no PEM certificate") from None
+    except OSError as exc:
+        raise CABundleError(ca_bundle, f"cannot be read ({exc.strerror})") from None
 
 
 @dataclass(frozen=True)
@@ -61,8 +86,11 @@ class LiteS3:
         path_style: bool = True,
         timeout: float = 60.0,
         connect_timeout: float = 5.0,
+        ca_bundle: str | None = None,
     ) -> None:
         self.region = region
+        self.ca_bundle = ca_bundle
+        self._tls: ssl.SSLContext | None = None
         self.credentials = credentials
         self.timeout = timeout
         self.connect_timeout = connect_timeout
@@ -78,8 +106,12 @@ class LiteS3:
     def _connection(self, host: str) -> http.client.HTTPConnection:
         conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
         if conn is None or getattr(self._local, "host", None) != host:
-            cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
-            conn = cls(host, timeout=self.connect_timeout)
+            if self.scheme == "https":
+                if self._tls is None:  # once, at the first connection (shared by the threads)
+                    self._tls = tls_context(self.ca_bundle)
+                conn = http.client.HTTPSConnection(host, timeout=self.connect_timeout, context=self._tls)
+            else:
+                conn = http.client.HTTPConnection(host, timeout=self.connect_timeout)
             self._local.conn, self._local.host = conn, host
         return conn
 

