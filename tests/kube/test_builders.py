@@ -537,9 +537,15 @@ def env_of(ref: ClusterRef, member: str = "demo-1") -> dict[str, str]:
 S3_VARIABLES = {"PGHERD_S3_FORCE_PATH_STYLE"}
 
 
-@pytest.mark.parametrize("spec", [FULL_SPEC, MINIMAL_SPEC], ids=["full", "minimal"])
-def test_every_pgherd_variable_is_read_by_the_agent(spec: dict[str, Any], monkeypatch: pytest.MonkeyPatch):
-    ref = make_ref(spec)
+@pytest.mark.parametrize(
+    ("spec", "log_format"),
+    [(FULL_SPEC, "text"), (MINIMAL_SPEC, "text"), (FULL_SPEC, "json")],
+    ids=["full", "minimal", "full-json-logs"],
+)
+def test_every_pgherd_variable_is_read_by_the_agent(
+    spec: dict[str, Any], log_format: str, monkeypatch: pytest.MonkeyPatch
+):
+    ref = dataclasses.replace(make_ref(spec), log_format=log_format)
     env = env_of(ref)
     _, run = run_parser()
     flags = {
@@ -575,6 +581,15 @@ def test_every_pgherd_variable_is_read_by_the_agent(spec: dict[str, Any], monkey
     assert args.seed == "none"
     assert args.no_tls is False
     assert args.pg_tls is True
+
+
+def test_the_agents_log_as_the_operator_does(full: ClusterRef):
+    """The operator's --log-format reaches the agents; text (their default) adds nothing to the template,
+    so that an operator upgrade leaves the StatefulSet of every cluster logging in text as it was."""
+    assert not {"PGHERD_LOG_FORMAT", "PGHERD_NAMESPACE"} & set(env_of(full))
+    env = env_of(dataclasses.replace(full, log_format="json"))
+    assert env["PGHERD_LOG_FORMAT"] == "json"
+    assert env["PGHERD_NAMESPACE"] == NAMESPACE
 
 
 def test_agent_variables(full: ClusterRef, minimal: ClusterRef):

@@ -85,7 +85,7 @@ class Credentials:
 
 
 class RedactingFilter(logging.Filter):
-    """A logging filter that removes every secret from a record's final message."""
+    """A logging filter that removes every secret from a record's final message and its traceback."""
 
     def __init__(self, credentials: Credentials) -> None:
         super().__init__()
@@ -96,6 +96,11 @@ class RedactingFilter(logging.Filter):
         cleaned = self.credentials.redact(message)
         if cleaned != message:
             record.msg, record.args = cleaned, None
+        if record.exc_info and not record.exc_text:
+            # Formatted here, once: every formatter then shows this text (logging caches it).
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = self.credentials.redact(record.exc_text)
         return True
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pgherd_backup import logformat
 from pgherd_backup.errors import UsageError
 from pgherd_backup.postgres import parameters as user_parameters
 from pgherd_backup.postgres.config import Setting
@@ -36,6 +37,8 @@ class AgentOptions:
     member: str
     pgdata: Path
     token_file: Path
+    namespace: str | None = None  # the pod's (in its JSON log lines); None outside Kubernetes
+    log_format: str = "text"  # text | json (pgherd_backup.logformat)
     listen: str = "0.0.0.0"
     port: int = 8008
     metrics_port: int = METRICS_PORT  # 0: no metrics served
@@ -79,6 +82,10 @@ class AgentOptions:
     kept_dir: Path | None = None
 
     def __post_init__(self) -> None:
+        if self.log_format not in logformat.FORMATS:
+            raise UsageError(
+                f"--log-format {self.log_format!r}: expected one of {', '.join(logformat.FORMATS)}"
+            )
         if self.seed not in SEED_METHODS:
             raise UsageError(f"--seed {self.seed!r}: expected one of {', '.join(SEED_METHODS)}")
         if self.seed == "basebackup" and not self.upstream:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 import threading
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from pgherd_backup import logformat
 from pgherd_backup.agent import tls
 from pgherd_backup.agent.credentials import Credentials, RedactingFilter, SecretFile
 from pgherd_backup.agent.instance import Instance
@@ -43,13 +43,14 @@ def load_credentials(options: AgentOptions) -> Credentials:
     )
 
 
-def configure_logging(credentials: Credentials) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    handler.addFilter(RedactingFilter(credentials))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(logging.INFO)
+def configure_logging(options: AgentOptions, credentials: Credentials) -> None:
+    """stderr in --log-format; a JSON line names this member, its cluster and namespace."""
+    logformat.configure(
+        options.log_format,
+        logging.INFO,
+        defaults=logformat.LogContext(options.namespace, options.cluster, options.member),
+        filters=[RedactingFilter(credentials)],
+    )
 
 
 # How often (seconds) the agent looks for renewed certificates (PostgreSQL's and its own HTTPS server's):
@@ -59,7 +60,7 @@ CERTIFICATE_CHECK = 10
 
 def run(options: AgentOptions) -> int:
     credentials = load_credentials(options)
-    configure_logging(credentials)
+    configure_logging(options, credentials)
     served = None
     if options.no_tls:
         log.warning(

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pgherd_backup import logformat
 from pgherd_backup.errors import BackupError
 from pgherd_backup.postgres import parameters as user_parameters
 
@@ -57,6 +58,13 @@ def _register_run(commands: argparse._SubParsersAction[argparse.ArgumentParser])
     add("--member", help="this member's name (<cluster>-<ordinal>)")
     add("--pgdata", kind=Path, help="the data directory (its parent is the member's volume)")
     add("--revision", help="the spec revision this member runs")
+    add("--namespace", help="the pod's namespace: named in each JSON log line")
+    add(
+        "--log-format",
+        default="text",
+        choices=logformat.FORMATS,
+        help="text (default) or json: one object per line (docs/monitoring.md, Logs)",
+    )
 
     group = p.add_argument_group("API")
     add("--listen", default="0.0.0.0", help="address of the agent's HTTPS server (default 0.0.0.0)")
@@ -203,6 +211,8 @@ def _run(args: argparse.Namespace) -> int:
             member=args.member,
             pgdata=args.pgdata.absolute(),
             token_file=args.token_file,
+            namespace=args.namespace,
+            log_format=args.log_format,
             listen=args.listen,
             port=args.port,
             metrics_port=args.metrics_port,

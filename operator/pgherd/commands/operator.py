@@ -1,6 +1,7 @@
 """`pgherd operator`: the Kubernetes operator (kopf underneath; see docs/kube.md).
 
     pgherd operator [--namespace NS ...| --all-namespaces] [--leader-elect] [--liveness URL] [--log-level L]
+                    [--log-format text|json]
 
 Credentials: in-cluster (the pod's ServiceAccount), else the current kubeconfig context. With
 --leader-elect, only the holder of the Lease named by PGHERD_LEADER_ELECTION_LEASE (in POD_NAMESPACE)
@@ -15,8 +16,9 @@ import json
 import logging
 import os
 import socket
-import sys
 from typing import TYPE_CHECKING
+
+from pgherd_backup import logformat
 
 if TYPE_CHECKING:
     from pgherd.kube.builders.networkpolicy import OperatorPods
@@ -47,6 +49,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--liveness", metavar="URL", help="serve a health endpoint, e.g. http://0.0.0.0:8080/healthz"
     )
     p.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="log level (default info)")
+    p.add_argument(
+        "--log-format",
+        choices=logformat.FORMATS,
+        default="text",
+        help="text (default) or json: one object per line, kopf's too; the members' agents log alike",
+    )
     p.add_argument(
         "--metrics-port",
         type=int,
@@ -103,17 +111,14 @@ def main(args: argparse.Namespace) -> int:
     from pgherd.kube.handlers import Operator, run
     from pgherd.kube.loop import OperatorConfig
 
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
+    logformat.configure(args.log_format, getattr(logging, args.log_level.upper()))
     for noisy in ("aiohttp.access", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     config = OperatorConfig(
         postgres_image=os.environ.get("PGHERD_POSTGRES_IMAGE") or "",
         member_address=args.member_address,
         operator_pods=operator_pods_from_env(),
+        log_format=args.log_format,
     )
     operator = Operator(config=config, election=election_from_env() if args.leader_elect else None)
     if args.metrics_port:

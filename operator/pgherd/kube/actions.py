@@ -25,6 +25,7 @@ from pgherd.kube.observe import ClusterObjects, container_started, job_result, j
 from pgherd.kube.restores import RestoreRecord, Restores, iso, restore_object, snapshot_to_restore
 from pgherd_backup.agent.client import AgentActionError, AgentClient, AgentError, AgentUnreachable
 from pgherd_backup.agent.wire import ActionResult, FenceRequest, Status
+from pgherd_backup.logformat import log_context
 
 log = logging.getLogger("pgherd.kube.actions")
 
@@ -70,7 +71,8 @@ async def apply_all(ctx: ActContext, actions: tuple[act.Action, ...]) -> None:
         if not isinstance(action, act.RecordEvent | act.UpdateBackup | act.UpdateRestore):
             log.debug("%s/%s: %s", ctx.namespace, ctx.cluster, action)
         try:
-            await apply(ctx, action)
+            with log_context(member=getattr(action, "member", None)):
+                await apply(ctx, action)
         except (ApiError, AgentError, OSError) as exc:
             skipped = ", ".join(type(a).__name__ for a in actions[index + 1 :]) or "none"
             log.warning(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,7 @@ from pgherd.kube.leader import AlwaysLeader, LeaderElector
 from pgherd.kube.loop import ClusterLoop, OperatorConfig, Wakeups
 from pgherd.kube.objects import delete_volumes
 from pgherd.kube.observe import ClusterObjects
+from pgherd_backup.logformat import log_context
 
 log = logging.getLogger("pgherd.kube")
 
@@ -232,13 +233,17 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
         namespace, name = kwargs["namespace"], kwargs["name"]
         policy = ((kwargs["spec"].get("storage") or {}).get("deletePolicy")) or VolumeDeletePolicy.RETAIN
         if policy != VolumeDeletePolicy.DELETE:
-            log.info("%s/%s deleted: its volumes (PVCs) are kept", namespace, name)
+            log.info("%s/%s deleted: its volumes (PVCs) are kept", namespace, name, extra=_names(kwargs))
             return
         if operator.api is None or not operator.holding():
             raise kopf.TemporaryError("not the leader: the leader deletes the volumes", delay=5)
         volumes = await delete_volumes(operator.api, name, _values(kwargs["pgherd_pvcs"], (namespace, name)))
         log.info(
-            "%s/%s deleted with its volumes (deletePolicy Delete): %s", namespace, name, volumes or "none"
+            "%s/%s deleted with its volumes (deletePolicy Delete): %s",
+            namespace,
+            name,
+            volumes or "none",
+            extra=_names(kwargs),
         )
 
     @kopf.daemon(
@@ -279,31 +284,49 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
                 restores=_values(restores, key),
             )
 
-        while operator.api is None:
-            await asyncio.sleep(0.05)
-        loop = ClusterLoop(
-            operator.api, operator.config, holding=operator.holding, gather=gather, body=lambda: _plain(body)
-        )
-        operator.loops[key] = loop
-        wakeup = operator.wakeups.get(namespace, name)
-        try:
-            while not stopped:
-                wakeup.clear()
-                try:
-                    with metrics.RECONCILE.time():
-                        await loop.tick()
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    log.exception("%s/%s: tick failed; trying again", namespace, name)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wakeup.wait(), timeout=loop.interval())
-        finally:
-            operator.loops.pop(key, None)
-            metrics.CLUSTERS.forget(namespace, name)
-            await loop.close()
+        with log_context(namespace=namespace, cluster=name):
+            await _run_loop(operator, key, body, stopped, gather)
 
     return registry, settings
+
+
+async def _run_loop(
+    operator: Operator,
+    key: tuple[str, str],
+    body: kopf.Body,
+    stopped: kopf.DaemonStopped,
+    gather: Callable[[JSON], ClusterObjects],
+) -> None:
+    """One cluster's loop until kopf stops its daemon: a tick, then a wait for a wake-up or the interval."""
+    namespace, name = key
+    while operator.api is None:
+        await asyncio.sleep(0.05)
+    loop = ClusterLoop(
+        operator.api, operator.config, holding=operator.holding, gather=gather, body=lambda: _plain(body)
+    )
+    operator.loops[key] = loop
+    wakeup = operator.wakeups.get(namespace, name)
+    try:
+        while not stopped:
+            wakeup.clear()
+            try:
+                with metrics.RECONCILE.time():
+                    await loop.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s/%s: tick failed; trying again", namespace, name)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wakeup.wait(), timeout=loop.interval())
+    finally:
+        operator.loops.pop(key, None)
+        metrics.CLUSTERS.forget(namespace, name)
+        await loop.close()
+
+
+def _names(kwargs: dict[str, Any]) -> JSON:
+    """A cluster handler's record names its cluster in a JSON log line (pgherd_backup.logformat)."""
+    return {"namespace": kwargs["namespace"], "cluster": kwargs["name"]}
 
 
 def _component(obj: JSON) -> str | None:

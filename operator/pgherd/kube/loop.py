@@ -70,6 +70,7 @@ class OperatorConfig:
     # The operator's own pods (POD_NAMESPACE, PGHERD_OPERATOR_POD_LABELS): the only source the members'
     # NetworkPolicy lets reach the agents. None: unknown (run outside the chart), the agent port stays open.
     operator_pods: OperatorPods | None = None
+    log_format: str = "text"  # --log-format: the members' agents are given it too (PGHERD_LOG_FORMAT)
     steady_interval: float = STEADY_INTERVAL
     busy_interval: float = BUSY_INTERVAL
 

@@ -126,6 +126,7 @@ class OwnedObjects:
             spec=spec,
             image=image,
             revision=revision,
+            log_format=self.config.log_format,
         )
 
     async def ensure(self, body: JSON, spec: PostgresClusterSpec, image: str, revision: str) -> AgentSecrets:

@@ -33,6 +33,7 @@ class ClusterRef:
     spec: PostgresClusterSpec
     image: str
     revision: str
+    log_format: str = "text"  # the operator's --log-format, which the agents follow
 
 
 def owner_reference(ref: ClusterRef) -> Manifest:

@@ -113,6 +113,10 @@ def agent_env(ref: ClusterRef) -> list[Manifest]:
     ]
     if ref.spec.superuser_network_access:
         env.append(env_value("PGHERD_SUPERUSER_NETWORK_ACCESS", "true"))
+    if ref.log_format != "text":
+        # Only then: a template with no log setting stays as it was (text is the agent's default).
+        env.append(env_value("PGHERD_LOG_FORMAT", ref.log_format))
+        env.append(env_value("PGHERD_NAMESPACE", ref.namespace))
     queries = ref.spec.monitoring.custom_queries
     if queries is not None:
         env.append(env_value("PGHERD_CUSTOM_QUERIES", f"{CUSTOM_QUERIES_MOUNT}/{queries.key}"))
