@@ -21,6 +21,13 @@ POSTGRES_GID = 999
 VOLUME_TMP = "tmp"
 TMP_MOUNT = "/tmp"
 
+# spec.backup.store.s3.endpointCA: its Secret's key, mounted as <S3_CA_MOUNT>/<S3_CA_FILE> whatever the key.
+VOLUME_S3_CA = "s3-ca"
+S3_CA_MOUNT = "/etc/pgherd/s3-ca"
+S3_CA_FILE = "ca.crt"
+# The CA's file is read by the postgres account (fsGroup); a CA certificate is no secret.
+S3_CA_MODE = 0o444
+
 
 @dataclass(frozen=True)
 class ClusterRef:
@@ -152,4 +159,26 @@ def s3_env(store: S3Store) -> list[Manifest]:
         env.append(env_value("AWS_ENDPOINT_URL", store.endpoint))
     if store.force_path_style:
         env.append(env_value("PGHERD_S3_FORCE_PATH_STYLE", "true"))
+    if store.endpoint_ca is not None:
+        env.append(env_value("AWS_CA_BUNDLE", f"{S3_CA_MOUNT}/{S3_CA_FILE}"))  # the path, never the content
     return env
+
+
+def s3_ca_volume(store: S3Store) -> tuple[Manifest, Manifest] | None:
+    """(volume, mount) of the endpoint's CA (`endpointCA`), read-only, or None without one (the system's
+    CAs verify). Optional: a missing Secret or key leaves the file absent, so that the members still
+    start and the data plane's S3 client names the missing CA where archiving and backups report their
+    failures, rather than every pod waiting in ContainerCreating behind a kubelet Event."""
+    ca = store.endpoint_ca
+    if ca is None:
+        return None
+    volume = {
+        "name": VOLUME_S3_CA,
+        "secret": {
+            "secretName": ca.secret_name,
+            "defaultMode": S3_CA_MODE,
+            "items": [{"key": ca.key, "path": S3_CA_FILE}],
+            "optional": True,
+        },
+    }
+    return volume, {"name": VOLUME_S3_CA, "mountPath": S3_CA_MOUNT, "readOnly": True}

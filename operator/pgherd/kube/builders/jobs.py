@@ -24,6 +24,7 @@ from pgherd.kube.builders.common import (
     container_security_context,
     metadata,
     pod_security_context,
+    s3_ca_volume,
     s3_env,
     s3_store,
     store_url,
@@ -104,6 +105,12 @@ def _store(ref: ClusterRef) -> S3Store:
     if store is None:
         raise ValueError(f"PostgresCluster {ref.name} has no backup.store: no snapshot or prune Job")
     return store
+
+
+def _store_volumes(ref: ClusterRef) -> list[tuple[Manifest, Manifest]]:
+    """What a Job needs mounted to reach the store: the endpoint's CA, when it has one."""
+    s3_ca = s3_ca_volume(_store(ref))
+    return [s3_ca] if s3_ca is not None else []
 
 
 def _job(
@@ -209,7 +216,7 @@ def snapshot_job(
         deadline=SNAPSHOT_DEADLINE_SECONDS,
         labels={names.LABEL_BACKUP: backup, **({names.LABEL_MEMBER: member} if member else {})},
         extra_owner=extra_owner,
-        volumes=[replication_tls_volume(ref)],
+        volumes=[replication_tls_volume(ref), *_store_volumes(ref)],
     )
 
 
@@ -245,6 +252,7 @@ def prune_job(ref: ClusterRef, stamp: str, keep_last: int | None, keep_within: s
         container,
         deadline=PRUNE_DEADLINE_SECONDS,
         labels={},
+        volumes=_store_volumes(ref),
     )
 
 

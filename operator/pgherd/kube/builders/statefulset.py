@@ -21,6 +21,7 @@ from pgherd.kube.builders.common import (
     env_value,
     metadata,
     pod_security_context,
+    s3_ca_volume,
     s3_env,
     s3_store,
     store_url,
@@ -196,6 +197,11 @@ def _volumes(ref: ClusterRef) -> tuple[list[Manifest], list[Manifest]]:
             {"name": VOLUME_CUSTOM_QUERIES, "configMap": {"name": queries.config_map_name, "optional": True}}
         )
         mounts.append({"name": VOLUME_CUSTOM_QUERIES, "mountPath": CUSTOM_QUERIES_MOUNT, "readOnly": True})
+    store = s3_store(ref.spec)
+    s3_ca = s3_ca_volume(store) if store is not None else None
+    if s3_ca is not None:  # WAL archiving and fetching, and restores, verify the store's endpoint with it
+        volumes.append(s3_ca[0])
+        mounts.append(s3_ca[1])
     return volumes, mounts
 
 
