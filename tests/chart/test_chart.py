@@ -533,6 +533,7 @@ BAD_VALUES: dict[str, tuple[list[str], str]] = {
     "bad pull policy": (["--set", "image.pullPolicy=Sometimes"], "/image/pullPolicy"),
     "bad namespace name": (["--set", "watchNamespaces={Not_A_Namespace}"], "/watchNamespaces/0"),
     "bad log level": (["--set", "logLevel=verbose"], "/logLevel"),
+    "bad log format": (["--set", "logFormat=yaml"], "/logFormat"),
     "bad lease name": (["--set", "leaderElection.leaseName=Lease_1"], "/leaderElection/leaseName"),
     "probe typo": (["--set", "livenessProbe.periodSecond=5"], "periodSecond"),
 }

@@ -227,6 +227,20 @@ def test_every_log_level_the_chart_accepts_is_one_the_command_accepts(helm: str)
         assert args.log_level == level
 
 
+def test_the_log_format_reaches_the_operator_and_through_it_the_agents(helm: str) -> None:
+    """logFormat sets --log-format (the operator passes it on to the members' agents: OperatorConfig)."""
+    formats = json.loads(SCHEMA.read_text())["properties"]["logFormat"]["enum"]
+    assert set(formats) == set(operator_command.logformat.FORMATS)
+    assert parse(operator_container(render(helm))).log_format == "text"
+    assert parse(operator_container(render(helm, "--values", str(FULL_VALUES)))).log_format == "json"
+    for log_format in formats:
+        args = parse(operator_container(render(helm, "--set", f"logFormat={log_format}")))
+        assert args.log_format == log_format
+        env = {"POD_NAMESPACE": NAMESPACE, "PGHERD_OPERATOR_POD_LABELS": '{"a": "b"}'}
+        with environment(env):
+            assert operator_command.operator_config(args).log_format == log_format
+
+
 # -- the environment ----------------------------------------------------------------------------
 
 

@@ -52,6 +52,35 @@ def test_postgresql_jsonlog_and_odd_lines_stay_readable() -> None:
     assert no_stamp.text == "a continuation line" and no_stamp.key == ""
 
 
+def test_pgherd_json_lines_read_as_level_logger_and_message() -> None:
+    """`--log-format json` (pgherd_backup.logformat): the namespace, cluster and member are the line's
+    prefix already; a traceback follows the message on lines of its own."""
+    import io
+    import logging
+
+    from pgherd_backup.logformat import JsonFormatter, LogContext
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter(LogContext("shop", "pg", "pg-0")))
+    logger = logging.getLogger("pgherd.agent.test-plugin")
+    logger.handlers[:], logger.propagate = [handler], False
+    logger.setLevel(logging.INFO)
+    logger.info("PostgreSQL runs as primary")
+    try:
+        raise OSError("disk full")
+    except OSError:
+        logger.exception("checkpoint failed")
+    plain, failed = stream.getvalue().splitlines()
+    assert logs.readable(plain) == "INFO pgherd.agent.test-plugin: PostgreSQL runs as primary"
+    head, *trace = logs.readable(failed).splitlines()
+    assert head == "ERROR pgherd.agent.test-plugin: checkpoint failed"
+    assert trace[0] == "Traceback (most recent call last):" and trace[-1] == "OSError: disk full"
+    # Other keys are kept, but not those that are null.
+    line = json.dumps({"level": "info", "message": "m", "member": None, "lsn": "0/3", "x": None})
+    assert logs.readable(line) == "INFO: m lsn=0/3"
+
+
 @pytest.mark.parametrize(("text", "seconds"), [("30s", 30), ("10m", 600), ("1h30m", 5400), ("2d", 172800)])
 def test_since(text: str, seconds: int) -> None:
     assert logs.since_seconds(text) == seconds

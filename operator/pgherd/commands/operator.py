@@ -23,6 +23,7 @@ from pgherd_backup import logformat
 if TYPE_CHECKING:
     from pgherd.kube.builders.networkpolicy import OperatorPods
     from pgherd.kube.handlers import Election
+    from pgherd.kube.loop import OperatorConfig
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -105,22 +106,29 @@ def operator_pods_from_env() -> OperatorPods | None:
     return OperatorPods(namespace=namespace, labels=labels)
 
 
-def main(args: argparse.Namespace) -> int:
-    # Imported here: every `pgherd` command (the agent of each member, the sandbox's status) would
-    # otherwise load kopf and the Kubernetes client at start-up, most of a second on a busy machine.
-    from pgherd.kube.handlers import Operator, run
+def operator_config(args: argparse.Namespace) -> OperatorConfig:
+    """What the loops need of the command line and the environment."""
     from pgherd.kube.loop import OperatorConfig
 
-    logformat.configure(args.log_format, getattr(logging, args.log_level.upper()))
-    for noisy in ("aiohttp.access", "urllib3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    config = OperatorConfig(
+    return OperatorConfig(
         postgres_image=os.environ.get("PGHERD_POSTGRES_IMAGE") or "",
         member_address=args.member_address,
         operator_pods=operator_pods_from_env(),
         log_format=args.log_format,
     )
-    operator = Operator(config=config, election=election_from_env() if args.leader_elect else None)
+
+
+def main(args: argparse.Namespace) -> int:
+    # Imported here: every `pgherd` command (the agent of each member, the sandbox's status) would
+    # otherwise load kopf and the Kubernetes client at start-up, most of a second on a busy machine.
+    from pgherd.kube.handlers import Operator, run
+
+    logformat.configure(args.log_format, getattr(logging, args.log_level.upper()))
+    for noisy in ("aiohttp.access", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    operator = Operator(
+        config=operator_config(args), election=election_from_env() if args.leader_elect else None
+    )
     if args.metrics_port:
         from pgherd.kube import metrics
 

@@ -27,6 +27,10 @@ _TIME_KEYS = ("time", "ts", "timestamp", "@timestamp", "asctime")
 _LEVEL_KEYS = ("level", "levelname", "severity", "error_severity", "lvl")
 _LOGGER_KEYS = ("logger", "name", "backend_type", "component")
 _MESSAGE_KEYS = ("message", "msg", "event")
+# pgherd's own (`--log-format json`): the object a line is about, which the line's member prefix and the
+# command's cluster already say; a traceback, shown below the message as it was logged.
+_CONTEXT_KEYS = ("namespace", "cluster", "member")
+_EXCEPTION_KEY = "exception"
 
 
 @dataclass(frozen=True, order=True)
@@ -77,11 +81,18 @@ def readable(text: str) -> str:
 
     take(_TIME_KEYS)  # the API server's time is the one shown
     level, logger, message = take(_LEVEL_KEYS), take(_LOGGER_KEYS), take(_MESSAGE_KEYS)
+    for key in _CONTEXT_KEYS:
+        doc.pop(key, None)
+    exception = doc.pop(_EXCEPTION_KEY, None)
     head = " ".join(str(part) for part in (str(level).upper() if level else None, logger) if part)
     rest = " ".join(
-        f"{k}={json.dumps(v) if not isinstance(v, str) or ' ' in v else v}" for k, v in doc.items()
+        f"{k}={json.dumps(v) if not isinstance(v, str) or ' ' in v else v}"
+        for k, v in doc.items()
+        if v is not None
     )
     body = " ".join(part for part in (str(message) if message is not None else "", rest) if part)
+    if exception:
+        body = f"{body}\n{str(exception).rstrip()}"
     return f"{head}: {body}" if head else body
 
 
