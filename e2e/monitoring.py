@@ -78,6 +78,11 @@ class Prometheus:
         data = self._get("/api/v1/query_range", query=expr, start=str(start), end=str(end), step=str(step))
         return list(data["result"])
 
+    def label_values(self, label: str, match: str = "") -> list[str]:
+        """The values `label` takes on the series `match` selects (all series when empty)."""
+        params = {"match[]": match} if match else {}
+        return [str(v) for v in self._get(f"/api/v1/label/{urllib.parse.quote(label)}/values", **params)]
+
     def targets(self) -> list[dict[str, Any]]:
         return list(self._get("/api/v1/targets", state="active")["activeTargets"])
 

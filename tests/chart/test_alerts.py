@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,22 +34,6 @@ CONTRACT_ALERTS = {
     "PgherdOperatorDown",
 }
 SEVERITIES = {"critical", "warning"}
-
-
-@pytest.fixture(scope="module")
-def promtool() -> Path:
-    # e2e.localkube: the `pytest` script does not put the working directory on sys.path.
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
-    from e2e.localkube.prometheus_binaries import prometheus_bin
-
-    folder = prometheus_bin()
-    if folder is None:
-        pytest.skip(
-            "promtool is not built: run `make setup-kube` or scripts/ensure-prometheus.sh"
-            " (builds it from Prometheus' Go module, about 3 minutes cold)"
-        )
-    return folder / "promtool"
 
 
 def run_promtool(promtool: Path, *args: str) -> None:

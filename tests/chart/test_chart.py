@@ -652,6 +652,7 @@ def test_dockerignore_keeps_local_state_out() -> None:
 # the PodMonitors select what the alerts expect ----------------------------------------------------------
 
 ALERTS = CHART / "monitoring" / "alerts.yaml"
+DASHBOARD = CHART / "monitoring" / "dashboard.json"
 
 
 def test_nothing_is_rendered_by_default(helm: str) -> None:
@@ -695,3 +696,22 @@ def test_the_rule_and_the_monitors_when_asked(helm: str, tmp_path: Path) -> None
     assert ports["metrics"] == 9187
     # PgherdOperatorDown looks for the operator's job by this name.
     assert 'pgherd-operator"' in ALERTS.read_text()
+
+
+def dashboard_config_maps(objects: Iterable[Obj]) -> list[Obj]:
+    return [o for o in of_kind(objects, "ConfigMap") if "pgherd.json" in o.get("data", {})]
+
+
+def test_the_dashboard_for_grafanas_sidecar_when_asked(helm: str, rendered: dict[str, list[Obj]]) -> None:
+    assert not dashboard_config_maps(rendered["defaults"])
+    dashboard = json.loads(DASHBOARD.read_text())
+    # As kube-prometheus-stack's sidecar finds it by default: label grafana_dashboard "1", this namespace.
+    (default,) = dashboard_config_maps(render(helm, "--set", "monitoring.grafanaDashboard.enabled=true"))
+    assert default["metadata"]["namespace"] == NAMESPACE
+    assert default["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(default["data"]["pgherd.json"]) == dashboard
+    (chosen,) = dashboard_config_maps(rendered["full"])
+    assert chosen["metadata"]["namespace"] == "monitoring"
+    assert chosen["metadata"]["labels"]["grafana_dashboard"] == "pgherd"
+    assert chosen["metadata"]["annotations"] == {"grafana_folder": "Databases"}
+    assert chosen["data"]["pgherd.json"] == DASHBOARD.read_text().strip()
