@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -13,6 +14,10 @@ from pathlib import Path
 
 import pytest
 from agent_helpers import MEMBERS, Agent, Certs, SlowProxy, make_certs
+
+ROOT = str(Path(__file__).resolve().parents[2])
+if ROOT not in sys.path:  # e2e.testca (a CA of the test's own); the `pytest` script does not put it there
+    sys.path.insert(0, ROOT)
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,8 @@
 """PostgreSQL's TLS on real members (`--pg-tls`): plain TCP refused with PostgreSQL's own words,
 replication and pg_rewind by client certificate alone, the superuser on the Unix socket only, clients
-that verify the server, a member moved to TLS from a cluster made without it, and certificates renewed
-under a running PostgreSQL without a restart."""
+that verify the server, a member moved to TLS from a cluster made without it, certificates renewed
+under a running PostgreSQL without a restart, and the user's own certificates (`--pg-tls-*`) served by
+PostgreSQL while the agent keeps the cluster CA's."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from typing import Any
 import psycopg
 import pytest
 from agent_helpers import MEMBERS, PGHERD, Agent, Certs
+from e2e.testca import TestCA, key_pem
 
 from conftest import Agents
 from pgherd_backup.agent.options import AgentOptions
+from pgherd_backup.agent.tls import make_client_cert, write_private
 from pgherd_backup.postgres.config import read_pgherd_conf
 
 REPLICATION = "streaming_replica"
@@ -249,3 +252,68 @@ def served_serial(agent: Agent) -> str:
         timeout=20,
     )
     return details.stdout.strip().removeprefix("serial=")
+
+
+def test_the_users_certificates_serve_postgresql_and_sign_replication(
+    agents: Agents, tls_certs: Certs, tmp_path: Path
+) -> None:
+    """PostgreSQL serves a server certificate of another CA (RSA, with an intermediate) and accepts
+    client certificates of a third one, which signed the replication certificate: replicas stream and
+    verify their upstream against the user's CA; the cluster CA's replication certificate is refused;
+    the agents' HTTPS still answers with the cluster CA's certificate."""
+    server_ca, client_ca = TestCA("user servers", intermediate=True), TestCA("user clients")
+    served = server_ca.server(["localhost"])
+    files = {
+        "server.crt": served.secret_data()["tls.crt"],
+        "server.key": served.secret_data()["tls.key"],
+        "server-ca.crt": server_ca.root_pem,
+        "client-ca.crt": client_ca.root_pem,
+    }
+    cert, key = make_client_cert(
+        client_ca.root_pem.encode(), key_pem(client_ca.root_key).encode(), REPLICATION
+    )
+    files["replication.crt"], files["replication.key"] = cert.decode(), key.decode()
+    for name, text in files.items():
+        write_private(tmp_path / name, text.encode())
+    flags = [
+        *tls_flags(tls_certs)[:8],
+        "--pg-tls",
+        "--replication-cert",
+        str(tmp_path / "replication.crt"),
+        "--replication-key",
+        str(tmp_path / "replication.key"),
+        "--pg-tls-cert",
+        str(tmp_path / "server.crt"),
+        "--pg-tls-key",
+        str(tmp_path / "server.key"),
+        "--pg-tls-ca",
+        str(tmp_path / "server-ca.crt"),
+        "--pg-client-ca",
+        str(tmp_path / "client-ca.crt"),
+    ]
+    primary = agents(MEMBERS[4], "--seed", "initdb", *flags)
+    replica = agents(MEMBERS[5], "--seed", "basebackup", "--upstream", primary.address, *flags)
+    wait(lambda: replica.status().streaming, "the replica to stream", 60, primary, replica)
+    rows = local(
+        primary,
+        "SELECT s.ssl, a.usename FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)"
+        " WHERE a.backend_type = 'walsender'",
+    )
+    assert rows == [(True, REPLICATION)]
+    assert int(served_serial(primary), 16) == served.serial
+    with psycopg.connect(
+        f"host=localhost port={primary.pg_port} user=app dbname=app password={app_password(tls_certs)}"
+        f" sslmode=verify-full sslrootcert={tmp_path / 'server-ca.crt'}",
+        connect_timeout=5,
+    ) as conn:
+        assert conn.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone() == (True,)
+    # The cluster CA's replication certificate is no longer one PostgreSQL accepts.
+    with pytest.raises(psycopg.OperationalError, match="unknown ca"):
+        psycopg.connect(
+            f"host=localhost port={primary.pg_port} user={REPLICATION} dbname=postgres"
+            f" sslmode=verify-full sslrootcert={tmp_path / 'server-ca.crt'}"
+            f" sslcert={tls_certs.folder / f'{REPLICATION}.client.crt'}"
+            f" sslkey={tls_certs.folder / f'{REPLICATION}.client.key'}",
+            connect_timeout=5,
+        )
+    assert primary.client.status().role == "primary"  # verified against the cluster CA (certs.ca)

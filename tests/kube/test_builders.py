@@ -631,10 +631,9 @@ def test_every_file_the_agent_is_given_is_mounted_from_a_key_that_exists(full: C
     file_vars = [
         name
         for name in env_of(full)
-        if name.startswith("PGHERD_")
-        and (name.endswith(("_FILE", "_CERT", "_KEY")) or name == "PGHERD_TLS_CA")
+        if name.startswith("PGHERD_") and name.endswith(("_FILE", "_CERT", "_KEY", "_CA"))
     ]
-    assert len(file_vars) == 10
+    assert len(file_vars) == 14
     for name in file_vars:
         path = Path(env_of(full)[name])
         volume = volumes[mounts[str(path.parent)]]
@@ -647,12 +646,21 @@ def test_every_file_the_agent_is_given_is_mounted_from_a_key_that_exists(full: C
 
 # --- Secrets -----------------------------------------------------------------------------------------
 
-SECRET_KEYS = ("password", "uri", "token", "tls.key", "ca.key", "token.sha256", "replication.key")
+SECRET_KEYS = (
+    "password",
+    "uri",
+    "token",
+    "tls.key",
+    "ca.key",
+    "token.sha256",
+    "replication.key",
+    "postgres.key",
+)
 
 
 def test_no_secret_value_leaves_the_secrets(full: ClusterRef, minimal: ClusterRef, secret_data):
     values = [data[key] for data in secret_data.values() for key in SECRET_KEYS if key in data]
-    assert len(values) == 9
+    assert len(values) == 10
     for ref in (full, minimal):
         text = json.dumps(non_secret_objects(ref))
         for value in values:
@@ -686,7 +694,15 @@ def test_secret_objects(full: ClusterRef, secret_data):
         "token.sha256",
         "replication.crt",
         "replication.key",
+        "postgres.crt",
+        "postgres.key",
+        "postgres-ca.crt",
+        "client-ca.crt",
     }
+    # Without certificates of the user's, PostgreSQL's are the agent's and the cluster CA.
+    agent = values["demo-agent"]
+    assert (agent["postgres.crt"], agent["postgres.key"]) == (agent["tls.crt"], agent["tls.key"])
+    assert agent["postgres-ca.crt"] == agent["client-ca.crt"] == agent["ca.crt"]
     assert set(values["demo-operator"]) == {"token", "ca.crt", "ca.key"}
     with pytest.raises(ValueError, match="password"):
         secrets.superuser_secret(full, {"username": "postgres"})
@@ -1217,12 +1233,25 @@ def test_the_members_run_postgres_with_tls(full: ClusterRef):
         "token.sha256",
         "replication.crt",
         "replication.key",
+        "postgres.crt",
+        "postgres.key",
+        "postgres-ca.crt",
+        "client-ca.crt",
     ]
+    # PostgreSQL's own files (the user's certificates when spec.tls names them): no restart to switch.
+    assert env["PGHERD_PG_TLS_CERT"] == f"{names.AGENT_TLS_MOUNT}/postgres.crt"
+    assert env["PGHERD_PG_TLS_KEY"] == f"{names.AGENT_TLS_MOUNT}/postgres.key"
+    assert env["PGHERD_PG_TLS_CA"] == f"{names.AGENT_TLS_MOUNT}/postgres-ca.crt"
+    assert env["PGHERD_PG_CLIENT_CA"] == f"{names.AGENT_TLS_MOUNT}/client-ca.crt"
+    named = make_ref({**FULL_SPEC, "tls": {"serverCertSecret": "pg-tls", "clientCASecret": "pg-client-ca"}})
+    assert named.revision == full.revision
+    assert statefulset.statefulset(named) == statefulset.statefulset(full)
 
 
 def test_the_snapshot_job_reads_by_the_replication_certificate_alone(full: ClusterRef, secret_data):
-    """Only the CA and the replication certificate and key of the agents' Secret reach the Job: never the
-    members' server key nor the token's digest; the DSN's files are where they are mounted."""
+    """Only the CA of the members' PostgreSQL certificate and the replication certificate and key of the
+    agents' Secret reach the Job: never a server key nor the token's digest; the DSN's files are where
+    they are mounted."""
     job = jobs.snapshot_job(full, "nightly", "demo-1.demo-headless.shop.svc", member="demo-1")
     pod = job["spec"]["template"]["spec"]
     (c,) = pod["containers"]
@@ -1234,7 +1263,7 @@ def test_the_snapshot_job_reads_by_the_replication_certificate_alone(full: Clust
                 "secretName": "demo-agent",
                 "defaultMode": 0o440,
                 "items": [
-                    {"key": "ca.crt", "path": "ca.crt"},
+                    {"key": "postgres-ca.crt", "path": "ca.crt"},
                     {"key": "replication.crt", "path": "replication.crt"},
                     {"key": "replication.key", "path": "replication.key"},
                 ],
@@ -1246,9 +1275,13 @@ def test_the_snapshot_job_reads_by_the_replication_certificate_alone(full: Clust
     source = conninfo_to_dict(backup_cli.build_parser().parse_args(c["command"][1:]).source)
     for key in ("sslrootcert", "sslcert", "sslkey"):
         path = Path(source[key])
-        assert str(path.parent) == mount["mountPath"] and path.name in secret_data["agent"], key
+        assert str(path.parent) == mount["mountPath"], key
+        items = secret_volumes[0]["secret"]["items"]
+        assert path.name in {i["path"] for i in items}, key
+        assert all(i["key"] in secret_data["agent"] for i in items)
     assert "PGPASSWORD" not in {e["name"] for e in c["env"]}
-    assert "tls.key" not in json.dumps(job) and "token.sha256" not in json.dumps(job)
+    text = json.dumps(job)
+    assert "tls.key" not in text and "postgres.key" not in text and "token.sha256" not in text
     assert pod["securityContext"]["fsGroup"] == 999  # the files: root:999 0440, which libpq accepts
 
 

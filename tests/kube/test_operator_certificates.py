@@ -104,7 +104,13 @@ def test_the_agents_secret_carries_the_replication_certificate_and_every_name(
         "token.sha256",
         "replication.crt",
         "replication.key",
+        "postgres.crt",
+        "postgres.key",
+        "postgres-ca.crt",
+        "client-ca.crt",
     }
+    # PostgreSQL's files: the members' own certificate and the cluster CA (no spec.tls Secrets).
+    assert agent["postgres.crt"] == agent["tls.crt"] and agent["client-ca.crt"] == agent["ca.crt"]
     client = x509.load_pem_x509_certificate(agent["replication.crt"].encode())
     assert client.subject.rfc4514_string().startswith("CN=streaming_replica")
     names_held = dns_names(agent["tls.crt"])

@@ -169,9 +169,10 @@ def _pg_tls(options: AgentOptions) -> PgTls | None:
     assert options.tls_cert and options.tls_key and options.tls_ca
     assert options.replication_cert and options.replication_key
     sources = PgTlsFiles(
-        server_cert=options.tls_cert,
-        server_key=options.tls_key,
-        ca=options.tls_ca,
+        server_cert=options.pg_tls_cert or options.tls_cert,
+        server_key=options.pg_tls_key or options.tls_key,
+        server_ca=options.pg_tls_ca or options.tls_ca,
+        client_ca=options.pg_client_ca or options.tls_ca,
         client_cert=options.replication_cert,
         client_key=options.replication_key,
     )

@@ -50,10 +50,15 @@ class AgentOptions:
     tls_ca: Path | None = None
     no_tls: bool = False
     # PostgreSQL's own TLS (agent/pgtls.py): its server certificate is --tls-cert/--tls-key, the CA
-    # --tls-ca; the replication account authenticates by its client certificate.
+    # --tls-ca; the replication account authenticates by its client certificate. The --pg-tls-* files,
+    # when given, are PostgreSQL's instead (the user's certificates: the agent keeps the cluster CA's).
     pg_tls: bool = False
     replication_cert: Path | None = None
     replication_key: Path | None = None
+    pg_tls_cert: Path | None = None
+    pg_tls_key: Path | None = None
+    pg_tls_ca: Path | None = None  # what --pg-tls-cert chains to: members verify each other by it
+    pg_client_ca: Path | None = None  # PostgreSQL's ssl_ca_file: whose client certificates it accepts
     pg_tls_min_version: str = "TLSv1.3"
     superuser_network_access: bool = False
     seed: str = "none"
@@ -112,6 +117,8 @@ class AgentOptions:
             ]
             if missing:
                 raise UsageError(f"--pg-tls needs {', '.join(missing)}")
+            if (self.pg_tls_cert is None) != (self.pg_tls_key is None):
+                raise UsageError("--pg-tls-cert and --pg-tls-key go together")
             if self.replication_user == self.superuser:
                 raise UsageError("--pg-tls needs a replication user other than the superuser")
             if self.pg_tls_min_version not in ("TLSv1.2", "TLSv1.3"):

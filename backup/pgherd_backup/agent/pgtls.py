@@ -1,7 +1,9 @@
 """PostgreSQL's TLS on a member (`--pg-tls`): its certificates, its pg_hba, and how it reaches others.
 
-- The server certificate and key (the agent's own, `--tls-cert/--tls-key`), the cluster CA
-  (`--tls-ca`, which also signs client certificates) and the replication account's client certificate
+- The server certificate and key (the agent's own, `--tls-cert/--tls-key`, unless `--pg-tls-cert/
+  --pg-tls-key` give PostgreSQL the user's), the CA that certificate chains to (`--pg-tls-ca`, else the
+  cluster CA `--tls-ca`: how members verify each other), the CAs whose client certificates PostgreSQL
+  accepts (`--pg-client-ca`, else the cluster CA) and the replication account's client certificate
   (`--replication-cert/--replication-key`) are copied into `<agent dir>/tls` (0600, PostgreSQL's
   account): PostgreSQL and libpq refuse a key others may read, and a mounted Secret is read-only and
   root's. They are copied again when their source changes (a renewed Secret): the caller reloads.
@@ -9,8 +11,9 @@
   connection is refused (PostgreSQL's own "no encryption" message); replication and pg_rewind by
   client certificate alone; the superuser only on the Unix socket unless asked; scram-sha-256 for
   everyone else.
-- Another member is reached with `sslmode=verify-ca` against the cluster's own CA and the replication
-  certificate: only this cluster's members hold a certificate that CA signed. An upstream that does not
+- Another member is reached with `sslmode=verify-ca` against the CA of the members' server certificate
+  and with the replication certificate: only this cluster's members hold a certificate that CA signed
+  (the cluster CA, or the user's, which the user keeps for these names). An upstream that does not
   speak TLS at all (a member of the same cluster still running a pgherd from before TLS, during the
   rollout that moves it to TLS) is reached as before, by password.
 """
@@ -39,7 +42,8 @@ _SSL_REQUEST = struct.pack("!ii", 8, 80877103)
 class PgTlsFiles:
     server_cert: Path
     server_key: Path
-    ca: Path
+    server_ca: Path  # what the server certificate chains to: sslrootcert towards other members
+    client_ca: Path  # ssl_ca_file: whose client certificates PostgreSQL accepts
     client_cert: Path
     client_key: Path
 
@@ -56,7 +60,8 @@ class PgTls:
         self.files = PgTlsFiles(
             server_cert=folder / "server.crt",
             server_key=folder / "server.key",
-            ca=folder / "ca.crt",
+            server_ca=folder / "ca.crt",
+            client_ca=folder / "client-ca.crt",
             client_cert=folder / "replication.crt",
             client_key=folder / "replication.key",
         )
@@ -90,7 +95,7 @@ class PgTls:
             "ssl": True,
             "ssl_cert_file": str(self.files.server_cert),
             "ssl_key_file": str(self.files.server_key),
-            "ssl_ca_file": str(self.files.ca),
+            "ssl_ca_file": str(self.files.client_ca),
             "ssl_min_protocol_version": self.min_version,
         }
 
@@ -98,7 +103,7 @@ class PgTls:
         """libpq's parameters for a connection to another member of the cluster."""
         return {
             "sslmode": "verify-ca",
-            "sslrootcert": str(self.files.ca),
+            "sslrootcert": str(self.files.server_ca),
             "sslcert": str(self.files.client_cert),
             "sslkey": str(self.files.client_key),
         }
@@ -149,4 +154,11 @@ def speaks_tls(host: str, port: int, timeout: float = 3.0) -> bool | None:
 
 
 def _fields(files: PgTlsFiles) -> list[Path]:
-    return [files.server_cert, files.server_key, files.ca, files.client_cert, files.client_key]
+    return [
+        files.server_cert,
+        files.server_key,
+        files.server_ca,
+        files.client_ca,
+        files.client_cert,
+        files.client_key,
+    ]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 log = logging.getLogger("pgherd.agent")
@@ -172,11 +172,14 @@ def _signed_leaf(
     validity: tuple[datetime.datetime, datetime.datetime],
     alt_names: x509.SubjectAlternativeName | None = None,
 ) -> tuple[bytes, bytes]:
-    """A new key and its certificate (not a CA) for `common_name` and `usage`, signed by the cluster CA."""
+    """A new key and its certificate (not a CA) for `common_name` and `usage`, signed by the CA: the
+    cluster's (ECDSA), or a user's (the replication certificate: RSA, ECDSA or EdDSA)."""
     ca_cert = x509.load_pem_x509_certificate(ca_cert_pem)
     ca_key = serialization.load_pem_private_key(ca_key_pem, password=None)
-    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-        raise ValueError("the CA key is not an ECDSA key made by `pgherd instance certs`")
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey | ed25519.Ed25519PrivateKey):
+        raise ValueError("the CA key is none of RSA, ECDSA or Ed25519")
+    # EdDSA signs without a separate digest.
+    digest = None if isinstance(ca_key, ed25519.Ed25519PrivateKey) else hashes.SHA256()
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name(
         [
@@ -198,12 +201,23 @@ def _signed_leaf(
         builder = builder.add_extension(alt_names, critical=False)
     cert = (
         builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-        )
-        .sign(ca_key, hashes.SHA256())
+        .add_extension(_authority_key_identifier(ca_cert, ca_key), critical=False)
+        .sign(ca_key, digest)
     )
     return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
+
+
+def _authority_key_identifier(
+    ca_cert: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey | ed25519.Ed25519PrivateKey,
+) -> x509.AuthorityKeyIdentifier:
+    """The CA's own subject key identifier when it has one (OpenSSL matches the two when it builds a
+    chain, and a CA made elsewhere may compute it another way), else one from its public key."""
+    try:
+        found = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    except x509.ExtensionNotFound:
+        return x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key())
+    return x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(found)
 
 
 @dataclass(frozen=True)

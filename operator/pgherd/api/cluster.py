@@ -485,6 +485,33 @@ class Tls(ApiModel):
             " or TLSv1.2. A change restarts the members one by one (replicas first, the primary last)."
         ),
     )
+    server_cert_secret: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=NAME_PATTERN,
+        description=(
+            "A Secret of yours in the cluster's namespace, in cert-manager's shape (tls.crt, tls.key,"
+            " ca.crt): PostgreSQL's server certificate on every member instead of the one pgherd issues."
+            " It must name the -rw, -ro and -r Services and the members under the headless Service"
+            " (docs/security.md); the app Secret's ca.crt becomes its ca.crt. Read again as it changes"
+            " (a renewal reaches the members without a restart); a Secret that is missing or fails a"
+            " check is reported by the condition CertificatesValid and never installed."
+        ),
+    )
+    client_ca_secret: str | None = Field(
+        default=None,
+        alias="clientCASecret",
+        min_length=1,
+        max_length=253,
+        pattern=NAME_PATTERN,
+        description=(
+            "A Secret of yours in the cluster's namespace holding a CA (tls.crt, tls.key; ca.crt: its"
+            " root, unless it is one: what cert-manager writes for a Certificate with isCA: true):"
+            " PostgreSQL accepts client certificates it signed, and pgherd signs the replication"
+            " account's certificate with it instead of the cluster CA."
+        ),
+    )
 
     @field_validator("certificate_lifetime")
     @classmethod
@@ -621,8 +648,8 @@ class PostgresClusterSpec(ApiModel):
     tls: Tls = Field(
         default_factory=Tls,
         description=(
-            "PostgreSQL's TLS (always on): the lifetime of the certificates pgherd issues and the oldest"
-            " protocol version accepted."
+            "PostgreSQL's TLS (always on): the lifetime of the certificates pgherd issues, the oldest"
+            " protocol version accepted, and your own certificates (in cert-manager's Secret shape)."
         ),
     )
     superuser_network_access: bool = Field(
@@ -676,10 +703,18 @@ class Member(StatusModel):
 
 
 class CertificateStatus(StatusModel):
-    name: str = Field(description="server (the members') or replication (the replication account's client).")
+    name: str = Field(
+        description=(
+            "server (the members'), replication (the replication account's client), and with your own"
+            " certificates postgres (PostgreSQL's server certificate) and clientCA."
+        )
+    )
     secret: str = Field(description="The Secret holding it.")
     not_after: str | None = Field(default=None, description="When it expires (UTC).")
-    renew_at: str | None = Field(default=None, description="When pgherd issues it again (UTC).")
+    renew_at: str | None = Field(
+        default=None,
+        description="When pgherd issues it again (UTC); none for yours (their issuer renews them).",
+    )
 
 
 class PostgresClusterStatus(StatusModel):
@@ -721,7 +756,10 @@ class PostgresClusterStatus(StatusModel):
     )
     certificates: list[CertificateStatus] = Field(
         default_factory=list,
-        description="The certificates pgherd issued for the cluster: when each expires and is renewed.",
+        description=(
+            "The certificates the members use (pgherd's, and yours from spec.tls): when each expires and"
+            " is renewed."
+        ),
     )
     last_successful_backup: str | None = None
     first_recoverability_point: str | None = None

@@ -87,10 +87,26 @@ def _register_run(commands: argparse._SubParsersAction[argparse.ArgumentParser])
         "--pg-tls",
         action="store_true",
         default=_env_bool("--pg-tls"),
-        help="PostgreSQL's TLS: --tls-cert/--tls-key serve it, --tls-ca verifies; hostssl pg_hba only",
+        help="PostgreSQL's TLS: --tls-cert/--tls-key serve it (or --pg-tls-*), --tls-ca verifies; hostssl pg_hba only",
     )
     add("--replication-cert", kind=Path, help="with --pg-tls: the replication user's client certificate")
     add("--replication-key", kind=Path, help="its private key")
+    add(
+        "--pg-tls-cert",
+        kind=Path,
+        help="with --pg-tls: PostgreSQL's own server certificate (default --tls-cert)",
+    )
+    add("--pg-tls-key", kind=Path, help="its private key (default --tls-key)")
+    add(
+        "--pg-tls-ca",
+        kind=Path,
+        help="with --pg-tls: the CA --pg-tls-cert chains to, that members verify each other by (default --tls-ca)",
+    )
+    add(
+        "--pg-client-ca",
+        kind=Path,
+        help="with --pg-tls: the CAs whose client certificates PostgreSQL accepts (default --tls-ca)",
+    )
     add("--pg-tls-min-version", default="TLSv1.3", help="with --pg-tls: TLSv1.2 or TLSv1.3 (default)")
     group.add_argument(
         "--superuser-network-access",
@@ -226,6 +242,10 @@ def _run(args: argparse.Namespace) -> int:
             pg_tls=args.pg_tls,
             replication_cert=args.replication_cert,
             replication_key=args.replication_key,
+            pg_tls_cert=args.pg_tls_cert,
+            pg_tls_key=args.pg_tls_key,
+            pg_tls_ca=args.pg_tls_ca,
+            pg_client_ca=args.pg_client_ca,
             pg_tls_min_version=args.pg_tls_min_version,
             superuser_network_access=args.superuser_network_access,
             seed=args.seed,

@@ -56,6 +56,9 @@ log = logging.getLogger("pgherd.kube.loop")
 
 STEADY_INTERVAL = 2.0
 BUSY_INTERVAL = 0.3
+# The user's certificate Secrets (spec.tls) are read again, by name, this often (seconds): the operator
+# may not list or watch Secrets, and cert-manager renews weeks ahead of expiry.
+CERTIFICATE_SECRETS_INTERVAL = 10.0
 JSON = dict[str, Any]
 
 
@@ -73,6 +76,7 @@ class OperatorConfig:
     log_format: str = "text"  # --log-format: the members' agents are given it too (PGHERD_LOG_FORMAT)
     steady_interval: float = STEADY_INTERVAL
     busy_interval: float = BUSY_INTERVAL
+    certificate_secrets_interval: float = CERTIFICATE_SECRETS_INTERVAL
 
 
 @dataclass
@@ -319,8 +323,9 @@ class ClusterLoop:
     async def _certificates(
         self, body: JSON, spec: PostgresClusterSpec, image: str, revision: str
     ) -> CertificateCheck:
-        """The agents' certificates, renewed when due (before the status that reports them), with an
-        Event for each renewal."""
+        """The members' certificates, renewed when due and following the user's Secrets (before the
+        status that reports them), with an Event for each renewal, each change of the user's
+        certificates the members get, and each Secret of the user's that cannot be installed."""
         check = await self.owned.certificates(
             self.owned.ref(body, spec, image, revision),
             rotate_request(body["metadata"]),
@@ -337,6 +342,10 @@ class ClusterLoop:
                     f" ({check.renewed.reason}): {check.renewed.message}",
                 ),
             )
+        if check.updated is not None:
+            await self.events.record(body, RecordEvent("CertificatesUpdated", check.updated))
+        for problem in check.problems:  # posted again only after a while (Events.record)
+            await self.events.record(body, RecordEvent(problem.reason, problem.message, warning=True))
         return check
 
     def _spec(self, body: JSON) -> tuple[PostgresClusterSpec, str, str]:
@@ -468,11 +477,14 @@ def pods_healthy(problems: list[PodProblem]) -> Condition:
 
 
 def certificates_valid(check: CertificateCheck, now: datetime) -> Condition:
-    """CertificatesValid: False when a renewal failed (RenewalFailed, with the API server's words), or a
-    certificate is missing or expired; else True, with the first expiry and the first renewal."""
+    """CertificatesValid: False when a renewal failed (RenewalFailed, with the API server's words), a
+    Secret of the user's cannot be installed (its check's reason, every problem said), or a certificate
+    is missing or expired; else True, with the first expiry and the first renewal."""
     kind = ConditionType.CERTIFICATES_VALID
     if check.error is not None:
         return false(kind, "RenewalFailed", check.error[:1024])
+    if check.problems:
+        return false(kind, check.problems[0].reason, "; ".join(p.message for p in check.problems)[:1024])
     missing = [name for name in check.names if name not in check.expiry]
     if missing:
         return false(kind, "NotIssued", f"not issued yet: {', '.join(missing)}")

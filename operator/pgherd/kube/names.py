@@ -54,7 +54,7 @@ VOLUME_DATA = "pgdata"  # the volumeClaimTemplate: PVCs are <VOLUME_DATA>-<membe
 DATA_MOUNT = "/var/lib/pgherd"  # the member's volume
 PGDATA = f"{DATA_MOUNT}/data"  # PostgreSQL's data directory on it
 SECRETS_MOUNT = "/etc/pgherd/secrets"  # <SECRETS_MOUNT>/<secret kind>/<key>
-AGENT_TLS_MOUNT = "/etc/pgherd/agent"  # tls.crt, tls.key, ca.crt, token.sha256, replication.crt/.key
+AGENT_TLS_MOUNT = "/etc/pgherd/agent"  # the agents' Secret: certificates, keys, CAs, the token's digest
 # In a snapshot Job: the CA and the replication account's client certificate, never the server's key.
 REPLICATION_TLS_MOUNT = "/etc/pgherd/replication"
 CONFIG_MOUNT = "/etc/pgherd/config"  # parameters.conf (the ConfigMap)
@@ -78,6 +78,13 @@ KEY_CA_KEY = "ca.key"
 # The replication account's client certificate (CN streaming_replica), in the agents' Secret.
 KEY_REPLICATION_CERT = "replication.crt"
 KEY_REPLICATION_KEY = "replication.key"
+# PostgreSQL's own TLS files in the agents' Secret: its server certificate and key, the CA members and
+# clients verify it against (the agent's own unless the user brings theirs: spec.tls.serverCertSecret),
+# and the CA whose client certificates it accepts (spec.tls.clientCASecret, else the cluster CA).
+KEY_POSTGRES_CERT = "postgres.crt"
+KEY_POSTGRES_KEY = "postgres.key"
+KEY_POSTGRES_CA = "postgres-ca.crt"
+KEY_CLIENT_CA = "client-ca.crt"
 
 
 def statefulset(cluster: str) -> str:

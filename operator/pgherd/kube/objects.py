@@ -2,8 +2,11 @@
 
 - Secrets are created once (a password, token or CA is read back, never regenerated); the only data
   ever replaced are the certificates of the agents' Secret when `secrets.agent_certificate_due` says
-  so (the CA and the token's digest kept), and the app Secret of a cluster made before TLS, which gains
-  the CA and a verify-full URI (its password kept). Nothing secret is logged.
+  so (the CA and the token's digest kept) or PostgreSQL's files in it follow the user's certificates
+  (spec.tls.serverCertSecret, clientCASecret: read by name, checked by `usercerts`, never installed
+  when a check fails), and the app Secret's `ca.crt`, which follows the CA PostgreSQL's certificate
+  chains to (a cluster made before TLS also gains a verify-full URI; the password is kept). The user's
+  Secrets are only read, never written. Nothing secret is logged.
 - Other objects are created when missing and patched when their desired form changed since this
   operator last applied it (a memo of the desired body's digest: no request in the steady state).
 - The StatefulSet's immutable fields are never patched: a change there is reported (an Event and the
@@ -28,9 +31,9 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from pgherd.api.annotations import rotate_request
-from pgherd.api.cluster import PostgresClusterSpec
+from pgherd.api.cluster import PostgresClusterSpec, Tls
 from pgherd.engine.actions import Prune
-from pgherd.kube import names
+from pgherd.kube import names, usercerts
 from pgherd.kube.api import ApiError, KubeApi
 from pgherd.kube.builders import (
     common,
@@ -65,22 +68,53 @@ class AgentSecrets:
 
 
 @dataclass(frozen=True)
+class UserCertificates:
+    """The user's certificate Secrets as last read and checked: None where spec.tls names none."""
+
+    server: usercerts.ServerCertificate | usercerts.Problem | None = None
+    client_ca: usercerts.ClientCA | usercerts.Problem | None = None
+
+    @property
+    def problems(self) -> tuple[usercerts.Problem, ...]:
+        return tuple(found for found in (self.server, self.client_ca) if isinstance(found, usercerts.Problem))
+
+
+@dataclass(frozen=True)
+class AgentUpdate:
+    """The agents' Secret's data as it must become: `renewal` (the operator's certificates issued again,
+    and why) and `updated` (what of the user's certificates PostgreSQL gets), for the Events."""
+
+    data: dict[str, str]
+    renewal: secrets.Renewal | None
+    updated: str | None
+
+    @property
+    def why(self) -> str:
+        return self.renewal.message if self.renewal is not None else self.updated or "PostgreSQL's files"
+
+
+@dataclass(frozen=True)
 class CertificateCheck:
-    """The agents' certificates after this tick's check: each one's expiry (status.certificates, the
-    metrics), what was renewed now and why, or why a renewal failed."""
+    """The members' certificates after this tick's check: each one's expiry (status.certificates, the
+    metrics; the user's own under their names in `USER_CERTIFICATES`), what was renewed or installed
+    now and why, why a renewal failed, and what is wrong with the user's Secrets."""
 
     secret: str
     expiry: dict[str, datetime] = field(default_factory=dict)
     renew_at: dict[str, datetime] = field(default_factory=dict)
     renewed: secrets.Renewal | None = None
     error: str | None = None
+    sources: dict[str, str] = field(default_factory=dict)  # a certificate of the user's -> its Secret
+    problems: tuple[usercerts.Problem, ...] = ()
+    updated: str | None = None
 
     @property
     def names(self) -> list[str]:
+        """The certificates pgherd issues."""
         return list(secrets.CERTIFICATES)
 
     def records(self) -> list[dict[str, str | None]]:
-        return [
+        issued: list[dict[str, str | None]] = [
             {
                 "name": name,
                 "secret": self.secret,
@@ -89,6 +123,16 @@ class CertificateCheck:
             }
             for name in self.names
         ]
+        # The user's: their issuer renews them, so no renewAt.
+        return issued + [
+            {"name": name, "secret": secret, "notAfter": secrets.format_time(self.expiry[name])}
+            for name, secret in self.sources.items()
+            if name in self.expiry
+        ]
+
+
+# The user's certificates as status.certificates and the metrics name them.
+USER_CERTIFICATES = {"postgres": names.KEY_POSTGRES_CERT, "clientCA": names.KEY_CLIENT_CA}
 
 
 def _digest(body: JSON) -> str:
@@ -111,6 +155,11 @@ class OwnedObjects:
         self._agent_secret: JSON | None = None  # the agents' Secret as last read or written
         self._issuer: dict[str, str] = {}  # the operator Secret's token, CA and CA key
         self._renew_error: tuple[float, str] | None = None  # (when to try again, why the last failed)
+        # The user's certificate Secrets, as last read (when, and for which spec.tls and instances).
+        self._user = UserCertificates()
+        self._user_read: tuple[float, tuple[object, ...]] | None = None
+        self._app_ca: str | None = None  # the app Secret's ca.crt, as last read or written
+        self._app_retry = 0.0  # after a refused write of the app Secret: not before then
         self.blocked: list[str] = []  # StatefulSet fields that differ but cannot change in place
         self._ensured: tuple[object, ...] | None = None  # what the objects were last applied for
 
@@ -210,10 +259,13 @@ class OwnedObjects:
             names.secret_app(ref.name),
             lambda: secrets.app_secret(ref, secrets.generate_app_data(ref, ca_cert)),
         )
-        upgraded = secrets.app_data_upgraded(ref, secrets.secret_values(app), ca_cert)
+        app_data = secrets.secret_values(app)
+        self._app_ca = app_data.get(names.KEY_CA_CERT)
+        upgraded = secrets.app_data_upgraded(ref, app_data, ca_cert)
         if upgraded is not None:  # made before TLS: the CA and a verify-full URI, the password kept
             try:
                 await self._replace_data(app, upgraded)
+                self._app_ca = upgraded[names.KEY_CA_CERT]
             except ApiError as exc:  # its old URI still connects (TLS, unverified): not worth stopping for
                 log.warning(
                     "%s/%s: cannot add ca.crt to Secret %s: %s",
@@ -233,75 +285,249 @@ class OwnedObjects:
     async def certificates(
         self, ref: common.ClusterRef, rotate: str | None, now: datetime, may_act: Callable[[], bool]
     ) -> CertificateCheck:
-        """The agents' certificates checked against `secrets.agent_certificate_due` (no request while
-        nothing is due), and issued again when they are: the Secret read afresh (another operator may
-        have renewed it), then its data replaced (PUT with its resourceVersion: a concurrent change
-        makes it fail, to be tried again). Call after `agent_secrets`."""
+        """The agents' Secret checked against what it must hold (`_plan`: no request while nothing is
+        due and the user's Secrets, read again every `certificate_secrets_interval`, are unchanged), and
+        its data replaced when it differs: the Secret read afresh (another operator may have renewed
+        it), then replaced (PUT with its resourceVersion: a concurrent change makes it fail, to be tried
+        again). Then the app Secret's ca.crt follows. Call after `agent_secrets`."""
         if self._agent_secret is None:
             await self._ensure_secrets(ref, rotate)
         assert self._agent_secret is not None
         name = names.secret_agent(ref.name)
-        due = self._due(ref, self._agent_secret, rotate, now)
-        if due is None:
+        user = await self._user_certificates(ref, now)
+        plan = self._plan(ref, self._agent_secret, rotate, now, user)
+        if plan is None:
             self._renew_error = None
-            return self._check(name, self._agent_secret)
+            await self._follow_app_ca(ref, may_act)
+            return self._check(name, self._agent_secret, user, ref.spec.tls)
         if self._renew_error is not None and time.monotonic() < self._renew_error[0]:
-            return self._check(name, self._agent_secret, error=self._renew_error[1])
+            return self._check(name, self._agent_secret, user, ref.spec.tls, error=self._renew_error[1])
         if not may_act():
-            return self._check(name, self._agent_secret)
-        why = due.message
+            return self._check(name, self._agent_secret, user, ref.spec.tls)
+        why = plan.why
         try:
             fresh = await self.api.get("Secret", ref.namespace, name)
-            due = self._due(ref, fresh, rotate, now)
-            if due is not None:
-                data = secrets.secret_values(fresh)
-                renewed = secrets.generate_agent_data(
-                    ref.name,
-                    ref.namespace,
-                    self._issuer,
-                    lifetime=ref.spec.tls.lifetime,
-                    now=now,
-                    token_sha256=data.get(names.KEY_TOKEN_DIGEST),
+            plan = self._plan(ref, fresh, rotate, now, user)
+            if plan is not None:
+                rotated = (
+                    {names.ANNOTATION_ROTATED_FOR: rotate}
+                    if rotate is not None and plan.renewal is not None
+                    else {}
                 )
-                rotated = {names.ANNOTATION_ROTATED_FOR: rotate} if rotate is not None else {}
-                fresh = await self._replace_data(fresh, renewed, rotated, kind="kubernetes.io/tls")
+                fresh = await self._replace_data(fresh, plan.data, rotated, kind="kubernetes.io/tls")
         except ApiError as exc:
             message = f"cannot renew the certificates of Secret {name} ({why}): {exc}"
             log.warning("%s/%s: %s", ref.namespace, ref.name, message)
             self._renew_error = (time.monotonic() + RENEW_RETRY, message)
-            return self._check(name, self._agent_secret, error=message)
+            return self._check(name, self._agent_secret, user, ref.spec.tls, error=message)
         self._agent_secret, self._renew_error = fresh, None
-        return self._check(name, fresh, renewed=due)
+        await self._follow_app_ca(ref, may_act)
+        if plan is None:
+            return self._check(name, fresh, user, ref.spec.tls)
+        return self._check(name, fresh, user, ref.spec.tls, renewed=plan.renewal, updated=plan.updated)
 
-    def _due(
-        self, ref: common.ClusterRef, secret: JSON, rotate: str | None, now: datetime
-    ) -> secrets.Renewal | None:
+    async def _user_certificates(self, ref: common.ClusterRef, now: datetime) -> UserCertificates:
+        """spec.tls's Secrets, read by name (the operator may not list or watch Secrets) and checked;
+        read again every `certificate_secrets_interval` seconds, and at once when spec.tls or the
+        number of instances (the names the certificate must cover) changed."""
+        tls = ref.spec.tls
+        key: tuple[object, ...] = (tls.server_cert_secret, tls.client_ca_secret, ref.spec.instances)
+        if tls.server_cert_secret is None and tls.client_ca_secret is None:
+            self._user, self._user_read = UserCertificates(), None
+            return self._user
+        interval = self.config.certificate_secrets_interval
+        read = self._user_read
+        if read is not None and read[1] == key and time.monotonic() - read[0] < interval:
+            return self._user
+        server: usercerts.ServerCertificate | usercerts.Problem | None = None
+        client: usercerts.ClientCA | usercerts.Problem | None = None
+        if tls.server_cert_secret is not None:
+            found = await self._user_secret(ref, tls.server_cert_secret, usercerts.SERVER_FIELD)
+            server = (
+                found
+                if isinstance(found, usercerts.Problem)
+                else usercerts.check_server(
+                    tls.server_cert_secret,
+                    found,
+                    cluster=ref.name,
+                    namespace=ref.namespace,
+                    instances=ref.spec.instances,
+                    now=now,
+                )
+            )
+        if tls.client_ca_secret is not None:
+            found = await self._user_secret(ref, tls.client_ca_secret, usercerts.CLIENT_CA_FIELD)
+            client = (
+                found
+                if isinstance(found, usercerts.Problem)
+                else usercerts.check_client_ca(tls.client_ca_secret, found, namespace=ref.namespace, now=now)
+            )
+        self._user, self._user_read = UserCertificates(server, client), (time.monotonic(), key)
+        return self._user
+
+    async def _user_secret(
+        self, ref: common.ClusterRef, name: str, spec_field: str
+    ) -> JSON | usercerts.Problem | None:
+        try:
+            return await self.api.find("Secret", ref.namespace, name)
+        except ApiError as exc:
+            return usercerts.Problem(
+                name, "SecretUnreadable", f"Secret {name} ({spec_field}) cannot be read: {exc}"
+            )
+
+    def _plan(
+        self, ref: common.ClusterRef, secret: JSON, rotate: str | None, now: datetime, user: UserCertificates
+    ) -> AgentUpdate | None:
+        """What the agents' Secret must hold, or None when it holds it. The operator's certificates are
+        issued again when `secrets.agent_certificate_due` says so; PostgreSQL's files are the user's
+        certificates that passed their checks, else the operator's, except that a user's certificate
+        already installed stays while its Secret fails a check (the members keep serving it)."""
+        current = secrets.secret_values(secret)
+        installed_server = self._installed_server(current)
+        installed_client = self._installed_client_ca(current)
+        client_ca = user.client_ca if isinstance(user.client_ca, usercerts.ClientCA) else None
+        # The user's CA cannot sign now, and its certificate is what PostgreSQL trusts: keep it all.
+        hold = isinstance(user.client_ca, usercerts.Problem) and installed_client is not None
         annotations = secret["metadata"].get("annotations") or {}
-        return secrets.agent_certificate_due(
-            secrets.secret_values(secret),
+        renewal = secrets.agent_certificate_due(
+            current,
             now,
             cluster=ref.name,
             namespace=ref.namespace,
             lifetime=ref.spec.tls.lifetime,
             ca_cert=self._issuer.get(names.KEY_CA_CERT),
+            client_ca_cert=None if client_ca is None else client_ca.cert,
+            hold_replication=hold,
             requested=rotate,
             renewed_for=annotations.get(names.ANNOTATION_ROTATED_FOR),
         )
+        data = dict(current)
+        if renewal is not None:
+            issued = secrets.generate_agent_data(
+                ref.name,
+                ref.namespace,
+                self._issuer,
+                lifetime=ref.spec.tls.lifetime,
+                now=now,
+                token_sha256=current.get(names.KEY_TOKEN_DIGEST),
+                client_ca=client_ca,
+            )
+            kept = (names.KEY_REPLICATION_CERT, names.KEY_REPLICATION_KEY) if hold else ()
+            data.update({key: issued[key] for key in secrets.ISSUED_KEYS if key not in kept})
+        server = user.server
+        if isinstance(server, usercerts.ServerCertificate):
+            server_files: tuple[str, str, str] | None = (server.cert, server.key, server.ca)
+        else:
+            server_files = installed_server if isinstance(server, usercerts.Problem) else None
+        client_roots: str | None
+        if client_ca is not None:
+            client_roots = client_ca.roots
+        else:
+            client_roots = installed_client if isinstance(user.client_ca, usercerts.Problem) else None
+        data.update(secrets.postgres_tls_data(data, server=server_files, client_ca=client_roots))
+        if data == current:
+            return None
+        return AgentUpdate(data, renewal, self._describe_update(current, data, user))
+
+    @staticmethod
+    def _installed_server(data: Mapping[str, str]) -> tuple[str, str, str] | None:
+        """PostgreSQL's server files when they are the user's (not a copy of the agent's own)."""
+        cert = data.get(names.KEY_POSTGRES_CERT)
+        if not cert or cert == data.get(names.KEY_TLS_CERT):
+            return None
+        return cert, data.get(names.KEY_POSTGRES_KEY, ""), data.get(names.KEY_POSTGRES_CA, "")
+
+    @staticmethod
+    def _installed_client_ca(data: Mapping[str, str]) -> str | None:
+        """The CAs PostgreSQL takes client certificates from when they are the user's."""
+        roots = data.get(names.KEY_CLIENT_CA)
+        return roots if roots and roots != data.get(names.KEY_CA_CERT) else None
+
+    @staticmethod
+    def _describe_update(
+        current: Mapping[str, str], data: Mapping[str, str], user: UserCertificates
+    ) -> str | None:
+        """What of the user's certificates PostgreSQL gets with `data` (an Event's note), or None when
+        only the operator's own files moved."""
+        said: list[str] = []
+        if data[names.KEY_POSTGRES_CERT] != current.get(names.KEY_POSTGRES_CERT):
+            if isinstance(user.server, usercerts.ServerCertificate):
+                said.append(
+                    f"PostgreSQL serves the certificate of Secret {user.server.secret} (serial"
+                    f" {user.server.serial:x}, until {secrets.format_time(user.server.not_after)})"
+                )
+            elif OwnedObjects._installed_server(current) is not None:
+                said.append("PostgreSQL serves the cluster CA's certificate again")
+        if data[names.KEY_CLIENT_CA] != current.get(names.KEY_CLIENT_CA):
+            if isinstance(user.client_ca, usercerts.ClientCA):
+                said.append(
+                    f"it accepts client certificates of the CA of Secret {user.client_ca.secret}, which"
+                    " signed the replication certificate"
+                )
+            elif OwnedObjects._installed_client_ca(current) is not None:
+                said.append("it accepts client certificates of the cluster CA again")
+        if not said:
+            return None
+        return "; ".join(said) + ": the members reload it without a restart"
+
+    async def _follow_app_ca(self, ref: common.ClusterRef, may_act: Callable[[], bool]) -> None:
+        """The app Secret's ca.crt made the CA PostgreSQL's certificate chains to (the user's, or the
+        cluster's), its other keys kept: clients that verify keep verifying. A refused write is logged
+        and tried again later: their old CA keeps working until the members reload."""
+        assert self._agent_secret is not None
+        wanted = secrets.secret_values(self._agent_secret).get(names.KEY_POSTGRES_CA)
+        if not wanted or wanted == self._app_ca or time.monotonic() < self._app_retry or not may_act():
+            return
+        name = names.secret_app(ref.name)
+        try:
+            app = await self.api.get("Secret", ref.namespace, name)
+            data = secrets.secret_values(app)
+            if data.get(names.KEY_CA_CERT) != wanted:
+                await self._replace_data(app, {**data, names.KEY_CA_CERT: wanted})
+            self._app_ca = wanted
+        except ApiError as exc:
+            log.warning("%s/%s: cannot write ca.crt into Secret %s: %s", ref.namespace, ref.name, name, exc)
+            self._app_retry = time.monotonic() + RENEW_RETRY
 
     @staticmethod
     def _check(
-        name: str, secret: JSON, *, renewed: secrets.Renewal | None = None, error: str | None = None
+        name: str,
+        secret: JSON,
+        user: UserCertificates | None = None,
+        tls: Tls | None = None,
+        *,
+        renewed: secrets.Renewal | None = None,
+        updated: str | None = None,
+        error: str | None = None,
     ) -> CertificateCheck:
+        """What the agents' Secret `name` holds, as status.certificates and the condition read it (the
+        user's certificates under the Secret names of `tls`)."""
+        user = user or UserCertificates()
         data = secrets.secret_values(secret)
         expiry, renew_at = {}, {}
         for certificate, key in secrets.CERTIFICATES.items():
-            try:
-                facts = secrets.certificate_facts(data[key]) if data.get(key) else None
-            except ValueError:
-                facts = None
+            facts = _facts(data.get(key))
             if facts is not None:
                 expiry[certificate], renew_at[certificate] = facts.not_after, facts.renew_at
-        return CertificateCheck(name, expiry, renew_at, renewed, error)
+        sources: dict[str, str] = {}
+        named = (None, None) if tls is None else (tls.server_cert_secret, tls.client_ca_secret)
+        for certificate, secret_name, installed in (
+            ("postgres", named[0], OwnedObjects._installed_server(data) is not None),
+            ("clientCA", named[1], OwnedObjects._installed_client_ca(data) is not None),
+        ):
+            facts = _facts(data.get(USER_CERTIFICATES[certificate])) if installed else None
+            if facts is not None and secret_name is not None:
+                expiry[certificate], sources[certificate] = facts.not_after, secret_name
+        return CertificateCheck(
+            name,
+            expiry,
+            renew_at,
+            renewed,
+            error,
+            sources=sources,
+            problems=user.problems,
+            updated=updated,
+        )
 
     async def _replace_data(
         self,
@@ -464,6 +690,13 @@ async def delete_volumes(api: KubeApi, cluster: str, pvcs: list[JSON]) -> list[s
         if await api.delete("PersistentVolumeClaim", pvc["metadata"]["namespace"], name):
             deleted.append(name)
     return deleted
+
+
+def _facts(pem: str | None) -> secrets.CertificateFacts | None:
+    try:
+        return secrets.certificate_facts(pem) if pem else None
+    except ValueError:
+        return None
 
 
 def _owned_by(obj: JSON, uid: str) -> bool:

@@ -57,16 +57,21 @@ def _conninfo(params: Mapping[str, str]) -> str:
     return " ".join(parts)
 
 
-# The snapshot Job's copy of the agents' Secret: the CA and the replication account's client certificate
-# and key, never the members' server key nor the token's digest.
+# The snapshot Job's copy of the agents' Secret (key -> file): the CA the members' PostgreSQL certificate
+# chains to (the cluster's, or the user's: spec.tls.serverCertSecret) and the replication account's
+# client certificate and key, never the members' server key nor the token's digest.
 VOLUME_REPLICATION_TLS = "replication-tls"
-REPLICATION_TLS_KEYS = (names.KEY_CA_CERT, names.KEY_REPLICATION_CERT, names.KEY_REPLICATION_KEY)
+REPLICATION_TLS_KEYS = {
+    names.KEY_POSTGRES_CA: names.KEY_CA_CERT,
+    names.KEY_REPLICATION_CERT: names.KEY_REPLICATION_CERT,
+    names.KEY_REPLICATION_KEY: names.KEY_REPLICATION_KEY,
+}
 
 
 def source_dsn(host: str, port: int = names.POSTGRES_PORT) -> str:
     """The snapshot's source: the member at `host` as the replication account, by its client
     certificate alone (pg_hba's `cert`: no password), over TLS that verifies the member against the
-    cluster's CA (verify-ca: a member may be reached by its pod IP, which no certificate names).
+    CA of its certificate (verify-ca: a member may be reached by its pod IP, which no certificate names).
     `pgherd-backup snapshot` copies the key into a private file first when libpq would refuse its
     mode."""
     folder = names.REPLICATION_TLS_MOUNT
@@ -93,7 +98,7 @@ def replication_tls_volume(ref: ClusterRef) -> tuple[Manifest, Manifest]:
         "secret": {
             "secretName": names.secret_agent(ref.name),
             "defaultMode": SECRET_MODE,
-            "items": [{"key": key, "path": key} for key in REPLICATION_TLS_KEYS],
+            "items": [{"key": key, "path": path} for key, path in REPLICATION_TLS_KEYS.items()],
         },
     }
     mount = {"name": VOLUME_REPLICATION_TLS, "mountPath": names.REPLICATION_TLS_MOUNT, "readOnly": True}

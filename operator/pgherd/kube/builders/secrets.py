@@ -12,9 +12,12 @@ is read back, by the API server.
 Trust between the operator and the agents: the operator's Secret holds the bearer token and the
 cluster CA's key and is mounted in no pod; the agent's Secret, mounted in every member, holds the
 token's digest only (a compromised pod cannot call the other members' agents), the CA certificate,
-one server certificate for all members (PostgreSQL's and the agent's HTTPS port: every member by its
-headless name and pod name, and the -rw, -ro and -r Services) and the replication account's client
-certificate, by which members replicate and snapshot Jobs read.
+one server certificate for all members (the agent's HTTPS port, and PostgreSQL's unless the user brings
+theirs: every member by its headless name and pod name, and the -rw, -ro and -r Services) and the
+replication account's client certificate, by which members replicate and snapshot Jobs read.
+PostgreSQL's files have keys of their own (`POSTGRES_KEYS`): copies of the agent's certificate and
+the cluster CA, or the user's certificate and CAs (spec.tls.serverCertSecret, clientCASecret; the
+replication certificate is then signed by the user's client CA).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from pgherd.api.annotations import ROTATE_CERTIFICATES
 from pgherd.api.cluster import MAX_INSTANCES, Tls
 from pgherd.kube import names
 from pgherd.kube.builders.common import ClusterRef, Manifest, app_account, metadata
+from pgherd.kube.usercerts import ClientCA, issued_by
 from pgherd_backup.agent.auth import token_digest
 from pgherd_backup.agent.tls import make_ca, make_client_cert, make_server_cert
 
@@ -59,7 +63,8 @@ APP_KEYS = (
     names.KEY_CA_CERT,
 )
 ACCOUNT_KEYS = (names.KEY_USERNAME, names.KEY_PASSWORD)
-AGENT_KEYS = (
+# What the operator issues into the agents' Secret (and renews: `agent_certificate_due`).
+ISSUED_KEYS = (
     names.KEY_TLS_CERT,
     names.KEY_TLS_KEY,
     names.KEY_CA_CERT,
@@ -67,6 +72,9 @@ AGENT_KEYS = (
     names.KEY_REPLICATION_CERT,
     names.KEY_REPLICATION_KEY,
 )
+# PostgreSQL's TLS files (`postgres_tls_data`): the operator's own, or the user's.
+POSTGRES_KEYS = (names.KEY_POSTGRES_CERT, names.KEY_POSTGRES_KEY, names.KEY_POSTGRES_CA, names.KEY_CLIENT_CA)
+AGENT_KEYS = ISSUED_KEYS + POSTGRES_KEYS
 OPERATOR_KEYS = (names.KEY_TOKEN, names.KEY_CA_CERT, names.KEY_CA_KEY)
 # The certificates pgherd issues into the agents' Secret, by the name status.certificates and the
 # metrics give them: the members' server certificate and the replication account's client certificate.
@@ -114,26 +122,55 @@ def generate_agent_data(
     lifetime: timedelta = DEFAULT_LIFETIME,
     now: datetime | None = None,
     token_sha256: str | None = None,
+    client_ca: ClientCA | None = None,
 ) -> dict[str, str]:
     """The members' half, derived from the operator's Secret data: a server certificate signed by the
     cluster CA for `agent_server_names` and its key, the replication account's client certificate and
-    key, both valid for `lifetime` from `now`; the CA certificate and the token's digest (`token_sha256`:
-    the one a renewal keeps)."""
+    key (signed by the user's `client_ca` when given, within its validity), both valid for `lifetime`
+    from `now`; the CA certificate and the token's digest (`token_sha256`: the one a renewal keeps);
+    PostgreSQL's files as `postgres_tls_data` makes them without the user's certificates."""
     ca_cert, ca_key = operator_data[names.KEY_CA_CERT], operator_data[names.KEY_CA_KEY]
     first, *others = agent_server_names(cluster, namespace)
     cert, key = make_server_cert(
         ca_cert.encode(), ca_key.encode(), first, dns=others, lifetime=lifetime, now=now
     )
+    signer, signer_key, client_lifetime = ca_cert, ca_key, lifetime
+    if client_ca is not None:
+        signer, signer_key = client_ca.cert, client_ca.key
+        client_lifetime = min(lifetime, client_ca.not_after - (now or datetime.now(UTC)))
     client_cert, client_key = make_client_cert(
-        ca_cert.encode(), ca_key.encode(), names.REPLICATION_USER, lifetime=lifetime, now=now
+        signer.encode(), signer_key.encode(), names.REPLICATION_USER, lifetime=client_lifetime, now=now
     )
-    return {
+    issued = {
         names.KEY_TLS_CERT: cert.decode(),
         names.KEY_TLS_KEY: key.decode(),
         names.KEY_CA_CERT: ca_cert,
         names.KEY_TOKEN_DIGEST: token_sha256 or token_digest(operator_data[names.KEY_TOKEN]),
         names.KEY_REPLICATION_CERT: client_cert.decode(),
         names.KEY_REPLICATION_KEY: client_key.decode(),
+    }
+    return {**issued, **postgres_tls_data(issued, client_ca=None if client_ca is None else client_ca.roots)}
+
+
+def postgres_tls_data(
+    agent_data: Mapping[str, str],
+    *,
+    server: tuple[str, str, str] | None = None,
+    client_ca: str | None = None,
+) -> dict[str, str]:
+    """PostgreSQL's files in the agents' Secret: `server` (certificate with its chain, key, CA: the
+    user's) or the agent's own certificate and the cluster CA; `client_ca` (the CAs whose client
+    certificates it accepts: the user's) or the cluster CA."""
+    cert, key, ca = server or (
+        agent_data[names.KEY_TLS_CERT],
+        agent_data[names.KEY_TLS_KEY],
+        agent_data[names.KEY_CA_CERT],
+    )
+    return {
+        names.KEY_POSTGRES_CERT: cert,
+        names.KEY_POSTGRES_KEY: key,
+        names.KEY_POSTGRES_CA: ca,
+        names.KEY_CLIENT_CA: client_ca or agent_data[names.KEY_CA_CERT],
     }
 
 
@@ -197,6 +234,17 @@ def certificate_facts(pem: str) -> CertificateFacts:
     )
 
 
+@functools.lru_cache(maxsize=1024)
+def signed_by(cert_pem: str, ca_pem: str) -> bool:
+    """Whether the first certificate of `ca_pem` signed the first of `cert_pem`."""
+    try:
+        cert = x509.load_pem_x509_certificates(cert_pem.encode())[0]
+        ca = x509.load_pem_x509_certificates(ca_pem.encode())[0]
+    except (ValueError, IndexError):
+        return False
+    return issued_by(cert, ca)
+
+
 def certificate_not_after(pem: str) -> datetime:
     """When a PEM certificate expires (UTC)."""
     return certificate_facts(pem).not_after
@@ -219,16 +267,21 @@ def agent_certificate_due(
     namespace: str,
     lifetime: timedelta = DEFAULT_LIFETIME,
     ca_cert: str | None = None,
+    client_ca_cert: str | None = None,
+    hold_replication: bool = False,
     requested: str | None = None,
     renewed_for: str | None = None,
 ) -> Renewal | None:
     """Whether the agents' certificates must be issued again (`generate_agent_data`), and why: a key or
     a name missing (a Secret made before them: the cluster moves to TLS), not signed by the cluster's
-    CA (`ca_cert`), valid longer than `lifetime` asks, two thirds of a certificate's lifetime passed by
-    `now`, or the cluster's pgherd.io/rotate-certificates at a value (`requested`) the certificates were
-    not issued for (`renewed_for`). None: nothing to do. The only reason the adapter replaces a Secret's
-    data; the members reload what it gets without a restart."""
-    missing = [key for key in AGENT_KEYS if not agent_data.get(key)]
+    CA (`ca_cert`), the replication certificate not signed by the CA PostgreSQL takes client
+    certificates from (`client_ca_cert`: the user's, else `ca_cert`), valid longer than `lifetime` asks,
+    two thirds of a certificate's lifetime passed by `now`, or the cluster's
+    pgherd.io/rotate-certificates at a value (`requested`) the certificates were not issued for
+    (`renewed_for`). `hold_replication`: the replication certificate is left out (the user's client CA
+    cannot sign one now). None: nothing to do. The only reason the adapter issues certificates again;
+    the members reload what they get without a restart."""
+    missing = [key for key in ISSUED_KEYS if not agent_data.get(key)]
     if missing:
         return Renewal("KeysMissing", f"the Secret lacks {', '.join(missing)}")
     if ca_cert is not None and agent_data[names.KEY_CA_CERT].strip() != ca_cert.strip():
@@ -242,11 +295,20 @@ def agent_certificate_due(
     if lacking:
         more = f" and {len(lacking) - 3} more" if len(lacking) > 3 else ""
         return Renewal("NamesMissing", f"the server certificate does not name {', '.join(lacking[:3])}{more}")
-    if client.common_name != names.REPLICATION_USER:
-        return Renewal("NamesMissing", f"the replication certificate is not for {names.REPLICATION_USER}")
+    if not hold_replication:
+        if client.common_name != names.REPLICATION_USER:
+            return Renewal("NamesMissing", f"the replication certificate is not for {names.REPLICATION_USER}")
+        signer = client_ca_cert or ca_cert
+        if signer is not None and not signed_by(agent_data[names.KEY_REPLICATION_CERT], signer):
+            return Renewal(
+                "ClientCAChanged",
+                "the replication certificate is not signed by the CA PostgreSQL accepts client"
+                " certificates from",
+            )
     if requested is not None and requested != renewed_for:
         return Renewal("Requested", f"asked for by {ROTATE_CERTIFICATES}={requested}")
-    for name, facts in (("server", server), ("replication", client)):
+    checked = [("server", server)] if hold_replication else [("server", server), ("replication", client)]
+    for name, facts in checked:
         if facts.lifetime > lifetime + LIFETIME_SLACK:
             return Renewal(
                 "LifetimeChanged",

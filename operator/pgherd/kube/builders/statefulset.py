@@ -95,9 +95,14 @@ def agent_env(ref: ClusterRef) -> list[Manifest]:
         env_value("PGHERD_SUPERUSER_PASSWORD_FILE", password_file("superuser")),
         env_value("PGHERD_REPLICATION_USER", names.REPLICATION_USER),
         env_value("PGHERD_REPLICATION_PASSWORD_FILE", password_file("replication")),
-        # PostgreSQL's TLS (docs/agent.md): its server certificate is the agent's, the replication
-        # account authenticates by its client certificate, plain TCP is refused.
+        # PostgreSQL's TLS (docs/agent.md): its own files of the agents' Secret (the agent's certificate
+        # and the cluster CA, or the user's: spec.tls), the replication account authenticates by its
+        # client certificate, plain TCP is refused.
         env_value("PGHERD_PG_TLS", "true"),
+        env_value("PGHERD_PG_TLS_CERT", f"{names.AGENT_TLS_MOUNT}/{names.KEY_POSTGRES_CERT}"),
+        env_value("PGHERD_PG_TLS_KEY", f"{names.AGENT_TLS_MOUNT}/{names.KEY_POSTGRES_KEY}"),
+        env_value("PGHERD_PG_TLS_CA", f"{names.AGENT_TLS_MOUNT}/{names.KEY_POSTGRES_CA}"),
+        env_value("PGHERD_PG_CLIENT_CA", f"{names.AGENT_TLS_MOUNT}/{names.KEY_CLIENT_CA}"),
         env_value("PGHERD_REPLICATION_CERT", f"{names.AGENT_TLS_MOUNT}/{names.KEY_REPLICATION_CERT}"),
         env_value("PGHERD_REPLICATION_KEY", f"{names.AGENT_TLS_MOUNT}/{names.KEY_REPLICATION_KEY}"),
         env_value("PGHERD_PG_TLS_MIN_VERSION", ref.spec.tls.min_protocol_version.value),
@@ -166,6 +171,10 @@ def _volumes(ref: ClusterRef) -> tuple[list[Manifest], list[Manifest]]:
                         names.KEY_TOKEN_DIGEST,
                         names.KEY_REPLICATION_CERT,
                         names.KEY_REPLICATION_KEY,
+                        names.KEY_POSTGRES_CERT,
+                        names.KEY_POSTGRES_KEY,
+                        names.KEY_POSTGRES_CA,
+                        names.KEY_CLIENT_CA,
                     )
                 ],
             },
