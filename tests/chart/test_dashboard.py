@@ -3,7 +3,7 @@ exporters need without running either: a Grafana JSON model whose every panel an
 `${datasource}` variable, panels that tile the grid, every query parsed by a real promtool (as a recording
 rule), and only metric and label names that the members' agents and the operator export, read from their
 collectors in this process. Whether each query returns data is e2e/dashboard.py's check on a real
-Prometheus (e2e/test_monitoring.py on localkube)."""
+Prometheus."""
 
 from __future__ import annotations
 
