@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import socket
+import ssl
+import struct
 import threading
 import time
 from collections.abc import Iterable
@@ -10,7 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from cryptography import x509
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from e2e.driver import ClusterStatus, Driver, DriverError
 from e2e.workload import DEFAULT_TABLE, WriteReport, connect, present_ids
@@ -111,6 +117,44 @@ def setting(driver: Driver, name: str, parameter: str) -> str:
 def postmaster_started(driver: Driver, name: str) -> float:
     """When the member's PostgreSQL started (epoch seconds): tells whether and in which order members restarted."""
     return float(scalar(driver.member_dsn(name), "SELECT extract(epoch FROM pg_postmaster_start_time())"))
+
+
+_SSL_REQUEST = struct.pack("!ii", 8, 80877103)
+
+
+def tcp_sessions(driver: Driver) -> list[dict[str, Any]]:
+    """The primary's walsenders and client sessions over TCP, with pg_stat_ssl's verdict and, for a
+    client certificate, its issuer (`issuer`, OpenSSL's one-line form)."""
+    statement = (
+        "SELECT coalesce(json_agg(x), '[]')::text FROM ("
+        " SELECT a.backend_type AS kind, a.usename AS usr, s.ssl, s.version, s.issuer_dn AS issuer"
+        " FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)"
+        " WHERE a.client_addr IS NOT NULL) x"
+    )
+    return list(json.loads(driver.superuser_value(statement) or "[]"))
+
+
+def served_certificate(dsn: str) -> x509.Certificate:
+    """The certificate the server behind a one-host `dsn` presents to a new connection, verified as the
+    DSN's client verifies it (its sslrootcert; the name in `host`): PostgreSQL's SSLRequest, then a TLS
+    handshake on the same socket."""
+    params = conninfo_to_dict(dsn)
+    name = str(params["host"]).split(",")[0]
+    address = str(params.get("hostaddr") or name).split(",")[0]
+    port = int(str(params.get("port") or 5432).split(",")[0])
+    context = ssl.create_default_context(cafile=str(params["sslrootcert"]))
+    with socket.create_connection((address, port), timeout=5) as raw:
+        raw.sendall(_SSL_REQUEST)
+        assert raw.recv(1) == b"S", "the server does not speak TLS"
+        with context.wrap_socket(raw, server_hostname=name) as conn:
+            der = conn.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der)
+
+
+def served_serial(dsn: str) -> int:
+    """The serial of `served_certificate(dsn)`."""
+    return served_certificate(dsn).serial_number
 
 
 @dataclass

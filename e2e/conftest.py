@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -134,7 +134,7 @@ def new_cluster(
     drivers: list[Driver] = []
     workdirs: list[Path] = []
 
-    def create(manifest: Manifest) -> Driver:
+    def create(manifest: Manifest, prepare: Callable[[Driver], None] | None = None) -> Driver:
         name = str(manifest["metadata"]["name"])
         workdir = Path(
             tempfile.mkdtemp(prefix=f"pgherd-e2e-{name}-", dir=os.environ.get("PGHERD_E2E_WORKDIR"))
@@ -142,6 +142,8 @@ def new_cluster(
         workdirs.append(workdir)
         driver = make_driver(workdir, name)
         drivers.append(driver)
+        if prepare is not None:
+            prepare(driver)
         driver.apply(manifest)
         instances = int(manifest["spec"].get("instances", 3))
         driver.wait_for(

@@ -160,8 +160,12 @@ class Driver(Protocol):
         ...
 
 
-# The `new_cluster` fixture: create a cluster from a manifest, wait until it is healthy, return its driver.
-NewCluster = Callable[[Manifest], Driver]
+class NewCluster(Protocol):
+    """The `new_cluster` fixture: create a cluster from a manifest, wait until it is healthy, return its
+    driver. `prepare(driver)` runs first, in the cluster's namespace before the cluster exists (objects
+    the manifest names, such as Secrets of the user's)."""
+
+    def __call__(self, manifest: Manifest, prepare: Callable[[Driver], None] | None = None) -> Driver: ...
 
 
 class PollingDriver:

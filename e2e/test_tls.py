@@ -14,10 +14,6 @@ on Kubernetes the app Secret's ca.crt with the -rw Service's DNS name (hostaddr:
 
 from __future__ import annotations
 
-import json
-import socket
-import ssl
-import struct
 import threading
 import time
 from datetime import UTC, datetime
@@ -25,11 +21,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from cryptography import x509
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from e2e import manifests
-from e2e.checks import assert_no_acknowledged_write_lost
+from e2e.checks import assert_no_acknowledged_write_lost, served_serial, tcp_sessions
 from e2e.driver import Driver, NewCluster, healthy
 from e2e.workload import WriteLoad
 
@@ -42,7 +37,6 @@ ROTATE = "pgherd.io/rotate-certificates"
 # minute, more under load), then the agent's next check (10 s); the sandbox writes the files itself.
 ROTATION_TIMEOUT = 240.0
 NO_ENCRYPTION = "no encryption"
-_SSL_REQUEST = struct.pack("!ii", 8, 80877103)
 
 
 @pytest.fixture(scope="module")
@@ -71,35 +65,6 @@ def refusal(dsn: str) -> str:
     raise AssertionError(f"a plain TCP connection was let in: {plain(dsn, password=None)}")
 
 
-def sessions(cluster: Driver) -> list[dict[str, Any]]:
-    """The primary's walsenders and client sessions over TCP, with pg_stat_ssl's verdict."""
-    query = (
-        "SELECT coalesce(json_agg(x), '[]')::text FROM ("
-        " SELECT a.backend_type AS kind, a.usename AS usr, s.ssl, s.version"
-        " FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)"
-        " WHERE a.client_addr IS NOT NULL) x"
-    )
-    return list(json.loads(cluster.superuser_value(query) or "[]"))
-
-
-def served_serial(dsn: str) -> int:
-    """The serial of the certificate the server behind a one-host `dsn` presents to a new connection,
-    verified as the DSN's client verifies it (its sslrootcert; the name in `host`): PostgreSQL's
-    SSLRequest, then a TLS handshake on the same socket."""
-    params = conninfo_to_dict(dsn)
-    name = str(params["host"]).split(",")[0]
-    address = str(params.get("hostaddr") or name).split(",")[0]
-    port = int(str(params.get("port") or 5432).split(",")[0])
-    context = ssl.create_default_context(cafile=str(params["sslrootcert"]))
-    with socket.create_connection((address, port), timeout=5) as raw:
-        raw.sendall(_SSL_REQUEST)
-        assert raw.recv(1) == b"S", "the server does not speak TLS"
-        with context.wrap_socket(raw, server_hostname=name) as conn:
-            der = conn.getpeercert(binary_form=True)
-    assert der is not None
-    return x509.load_der_x509_certificate(der).serial_number
-
-
 def test_plain_tcp_is_refused_for_the_application_and_replication(cluster: Driver) -> None:
     status = cluster.wait_for(healthy(INSTANCES), 120, "a healthy cluster")
     primary = str(status["primary"])
@@ -124,7 +89,7 @@ def test_every_walsender_and_application_session_is_tls(cluster: Driver) -> None
     cluster.wait_for(healthy(INSTANCES), 120, "a healthy cluster")
     held = [psycopg.connect(cluster.rw_dsn(), connect_timeout=5, autocommit=True) for _ in range(2)]
     try:
-        found = sessions(cluster)
+        found = tcp_sessions(cluster)
     finally:
         for conn in held:
             conn.close()
@@ -195,5 +160,5 @@ def test_rotated_certificates_are_served_under_load_without_a_failed_write(clust
     cluster.wait_for(healthy(INSTANCES), 120, "a healthy cluster after the rotation")
     with psycopg.connect(cluster.rw_dsn(), connect_timeout=5) as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)
-    walsenders = [s for s in sessions(cluster) if s["kind"] == "walsender"]
+    walsenders = [s for s in tcp_sessions(cluster) if s["kind"] == "walsender"]
     assert len(walsenders) == INSTANCES - 1 and all(s["ssl"] for s in walsenders), walsenders

@@ -127,7 +127,8 @@ class ClusterCollector(Collector):
         )
         expiry = GaugeMetricFamily(
             "pgherd_certificate_expiry_timestamp_seconds",
-            "When each certificate the operator issued for the cluster expires.",
+            "When each certificate the cluster's members use expires: those the operator issued (server,"
+            " replication) and the user's own (postgres, clientCA).",
             labels=[*labels, "certificate"],
         )
         for (namespace, name), figures in sorted(clusters.items()):
@@ -161,7 +162,7 @@ def record(
     certificates: Mapping[str, datetime] | None = None,
 ) -> None:
     """What one tick of the cluster's loop wrote (its status document) and saw; ``certificates``: when
-    each certificate pgherd issued for it expires."""
+    each certificate its members use expires (pgherd's and the user's own)."""
     figures = CLUSTERS.figures(namespace, name)
     figures.phase = str(document.get("phase") or "") or None
     figures.conditions = {
