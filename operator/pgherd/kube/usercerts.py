@@ -35,6 +35,15 @@ SERVER_FIELD = "spec.tls.serverCertSecret"
 CLIENT_CA_FIELD = "spec.tls.clientCASecret"
 # Keys whose certificates can sign the replication account's certificate and that PostgreSQL serves.
 SIGNING_KEYS = (rsa.RSAPrivateKey, ec.EllipticCurvePrivateKey, ed25519.Ed25519PrivateKey)
+# What reading a certificate someone else made may raise (a malformed or unsupported extension or key):
+# reported as the Secret's problem, never a failed tick.
+UNREADABLE = (
+    ValueError,
+    TypeError,
+    UnsupportedAlgorithm,
+    x509.DuplicateExtension,
+    x509.UnsupportedGeneralNameType,
+)
 # A chain longer than this is not followed (a loop, or not a chain at all).
 MAX_CHAIN = 8
 NAMES_SHOWN = 8
@@ -117,6 +126,38 @@ def check_server(
     now: datetime,
 ) -> ServerCertificate | Problem:
     """The server Secret as cert-manager writes it, checked (see the module's docstring)."""
+    try:
+        return _check_server(
+            secret_name, secret, cluster=cluster, namespace=namespace, instances=instances, now=now
+        )
+    except UNREADABLE as exc:
+        return _unreadable(secret_name, SERVER_FIELD, exc)
+
+
+def check_client_ca(
+    secret_name: str, secret: Mapping[str, Any] | None, *, namespace: str, now: datetime
+) -> ClientCA | Problem:
+    """The client CA Secret, as cert-manager writes it for a Certificate with `isCA: true`, checked."""
+    try:
+        return _check_client_ca(secret_name, secret, namespace=namespace, now=now)
+    except UNREADABLE as exc:
+        return _unreadable(secret_name, CLIENT_CA_FIELD, exc)
+
+
+def _unreadable(secret_name: str, spec_field: str, exc: Exception) -> Problem:
+    # cryptography's messages name what it could not parse, never a key's bytes.
+    return Problem(secret_name, "Unreadable", f"Secret {secret_name} ({spec_field}) cannot be read: {exc}")
+
+
+def _check_server(
+    secret_name: str,
+    secret: Mapping[str, Any] | None,
+    *,
+    cluster: str,
+    namespace: str,
+    instances: int,
+    now: datetime,
+) -> ServerCertificate | Problem:
     where = f"Secret {secret_name} ({SERVER_FIELD})"
     if secret is None:
         return Problem(
@@ -184,10 +225,9 @@ def check_server(
     )
 
 
-def check_client_ca(
+def _check_client_ca(
     secret_name: str, secret: Mapping[str, Any] | None, *, namespace: str, now: datetime
 ) -> ClientCA | Problem:
-    """The client CA Secret, as cert-manager writes it for a Certificate with `isCA: true`, checked."""
     where = f"Secret {secret_name} ({CLIENT_CA_FIELD})"
     if secret is None:
         return Problem(

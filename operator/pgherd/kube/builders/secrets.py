@@ -4,8 +4,8 @@ Two halves. `generate_*` make new random values (secrets.token_urlsafe, new keys
 the only impure functions of the builders, called when a Secret is missing or its certificates are due.
 The builders (`*_secret`) take that data and return the Secret object. The adapter creates a Secret
 only when it is missing; the only values it ever replaces are the certificates of the agents' Secret
-(`agent_certificate_due`), and the app Secret of a cluster made before TLS gains the CA (its password
-kept). The values live in the Secrets alone, never in logs, events, status, labels or annotations.
+(`agent_certificate_due`) and PostgreSQL's files in it (`postgres_tls_data`: the user's certificates),
+and the app Secret's CA, which follows PostgreSQL's (its password kept). The values live in the Secrets alone, never in logs, events, status, labels or annotations.
 Every Secret carries its values base64-encoded in `data` (never `stringData`): what is written is what
 is read back, by the API server.
 
