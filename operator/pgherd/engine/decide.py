@@ -24,6 +24,7 @@ from pgherd.engine import backups, bootstrap, failover, membership, recovery, ro
 from pgherd.engine.actions import RecordEvent
 from pgherd.engine.conditions import Condition, ConditionType, false, true
 from pgherd.engine.context import Context, Outcome
+from pgherd.engine.narrate import narrate
 from pgherd.engine.plan import Decision
 from pgherd.engine.quorum import steady_config
 from pgherd.engine.revision import spec_revision
@@ -56,7 +57,12 @@ def decide(spec: PostgresClusterSpec, view: ClusterView, status: EngineStatus) -
         phase = Phase.FAILED
         outcome = replace(outcome, message=outcome.message or f"{aborted.kind} aborted: {aborted.failed}")
     return Decision(
-        phase, _conditions(final, phase, outcome), outcome.actions, outcome.status, outcome.message
+        phase,
+        _conditions(final, phase, outcome),
+        outcome.actions,
+        outcome.status,
+        outcome.message,
+        narrate(status, outcome.status, view),
     )
 
 
@@ -150,7 +156,7 @@ def _route_initialized(ctx: Context) -> Outcome:
     if started is not None:
         return _merge(upkeep.outcome, started)
     if ctx.view.switchover_to is not None and ctx.view.switchover_to != primary:
-        return _merge(upkeep.outcome, _switchover(after, ctx.view.switchover_to, "requested"))
+        return _merge(upkeep.outcome, _switchover(after, ctx.view.switchover_to, switchover.REQUESTED))
     return upkeep.outcome
 
 

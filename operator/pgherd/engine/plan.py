@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pgherd.api.cluster import Phase
-from pgherd.engine.actions import Action
+from pgherd.engine.actions import Action, RecordEvent
 from pgherd.engine.conditions import Condition, ConditionType
 from pgherd.engine.status import EngineStatus
 
@@ -20,6 +20,9 @@ class Decision:
     actions: tuple[Action, ...]
     status: EngineStatus
     message: str = ""
+    # What changed in the engine's memory, told to people (engine/narrate.py): posted once the status is
+    # written, apart from ``actions`` (these are no orders, and never repeated).
+    events: tuple[RecordEvent, ...] = ()
 
     @property
     def current_primary(self) -> str | None:

@@ -33,6 +33,8 @@ from pgherd.engine.view import MemberView
 SWITCHOVER_TIMEOUT = timedelta(seconds=30)
 
 STEPS = ("switchover-fence", "switchover-catchup", "switchover-promote")
+# The reason of a switchover a person asked for (pgherd.io/switchover-to): the adapter answers the request.
+REQUESTED = "requested"
 
 
 def target_problem(ctx: Context, member: MemberView | None) -> str | None:
