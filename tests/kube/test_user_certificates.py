@@ -22,9 +22,12 @@ import pytest
 from cryptography import x509
 from e2e.testca import Issued, TestCA, cluster_names
 
+from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.kube import usercerts
 from pgherd.kube.builders import secrets
+from pgherd.kube.builders.common import ClusterRef
 from pgherd.kube.loop import OperatorConfig
+from pgherd.kube.objects import AgentUpdate, OwnedObjects, UserCertificates
 
 from .realkube import ChartIdentity, Kube, running_as
 from .test_operator import cluster_manifest, events
@@ -357,3 +360,54 @@ def test_a_bad_secret_is_reported_and_never_installed(
     assert (cluster.get("status") or {}).get("phase") not in (None, "Failed"), cluster.get("status")
     for name in (SERVER_SECRET, CLIENT_CA_SECRET):
         assert kube.read("secrets", ns, name) is not None  # nothing of the user's deleted
+
+
+# -- what the agents' Secret must hold (the operator's plan, without the API server) ----------------------
+
+
+def plan_for(
+    spec: JSON, current: dict[str, str], user: UserCertificates, issuer: dict[str, str], at: datetime = NOW
+) -> AgentUpdate | None:
+    owned = OwnedObjects(api=None, config=OperatorConfig())  # type: ignore[arg-type]  # _plan makes no request
+    owned._issuer = issuer
+    ref = ClusterRef("hippo", NS, "uid", PostgresClusterSpec.model_validate(spec), "image", "rev")
+    return owned._plan(ref, {"metadata": {}, "data": encoded(current)}, None, at, user)
+
+
+def encoded(data: dict[str, str]) -> dict[str, str]:
+    return {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
+
+
+def test_what_is_installed_stays_while_the_users_secrets_fail(ca: TestCA) -> None:
+    issuer = secrets.generate_operator_data("hippo")
+    named = {"tls": {"serverCertSecret": SERVER_SECRET, "clientCASecret": CLIENT_CA_SECRET}}
+    good = check_server(server_secret(ca))
+    client = check_client(client_ca_secret(ca.issue_ca("replication CA")))
+    assert isinstance(good, usercerts.ServerCertificate) and isinstance(client, usercerts.ClientCA)
+    first = plan_for(named, {}, UserCertificates(good, client), issuer)
+    assert first is not None and first.renewal is not None and first.renewal.reason == "KeysMissing"
+    installed = first.data
+    assert installed["postgres.crt"] == good.cert and installed["client-ca.crt"] == client.roots
+    assert first.updated is not None and f"Secret {SERVER_SECRET} (serial {good.serial:x}" in first.updated
+    assert plan_for(named, installed, UserCertificates(good, client), issuer) is None  # nothing to do
+
+    # Both Secrets fail now, and the operator's certificates are due (two thirds of 90 days passed):
+    # the agents' certificate is issued again; PostgreSQL's files and the replication certificate stay.
+    gone = usercerts.Problem(SERVER_SECRET, "SecretMissing", "gone")
+    broken = usercerts.Problem(CLIENT_CA_SECRET, "KeysMissing", "no key")
+    later = plan_for(named, installed, UserCertificates(gone, broken), issuer, NOW + timedelta(days=61))
+    assert later is not None and later.renewal is not None and later.renewal.reason == "Due"
+    assert later.data["tls.crt"] != installed["tls.crt"]
+    for key in ("postgres.crt", "postgres.key", "postgres-ca.crt", "client-ca.crt", "replication.crt"):
+        assert later.data[key] == installed[key], key
+    assert later.updated is None
+
+    # spec.tls names none any more: PostgreSQL serves the cluster CA's certificate again.
+    back = plan_for({}, installed, UserCertificates(), issuer)
+    assert back is not None and back.data["postgres.crt"] == back.data["tls.crt"]
+    assert back.data["client-ca.crt"] == back.data["postgres-ca.crt"] == issuer["ca.crt"]
+    assert (
+        back.renewal is not None and back.renewal.reason == "ClientCAChanged"
+    )  # signed by the cluster CA now
+    assert signed_by(back.data["replication.crt"], issuer["ca.crt"])
+    assert back.updated is not None and "cluster CA's certificate again" in back.updated

@@ -1,6 +1,11 @@
 """The engine's actions on Kubernetes: agent calls, pod role labels, pods, PVCs, StatefulSet replicas,
 Jobs, Backup and Restore status, Events.
 
+What an action did is an Event on the cluster when it did something (the engine repeats an action until
+it sees its effect; an effect is told once): a member fenced, promoted in place, rejoined; the
+StatefulSet scaled; a Backup created, its Job started, its end; a prune Job. The engine's decisions
+themselves (an operation's start, steps and end, a new primary) are its own Events (engine/narrate.py).
+
 Each action is idempotent here as the engine requires: it is repeated until its effect is observed.
 Every action first checks that this operator still holds the leadership (``may_act``): a replica that
 lost the Lease stops at once, even in the middle of a decision's action list.
@@ -49,8 +54,10 @@ class ActContext:
     may_act: Callable[[], bool]
     snapshot_job: Callable[[str, str, str], JSON]  # (backup, member, member host) -> Job
     prune_job: Callable[[act.Prune], JSON]
-    event: Callable[[act.RecordEvent], Awaitable[None]]
-    event_on: Callable[[JSON, act.RecordEvent], Awaitable[None]]  # an Event regarding another object
+    event: Callable[[act.RecordEvent], Awaitable[None]]  # on the cluster, posted every time (one-off)
+    # On an object (the cluster, a Backup, a Restore), not posted again within minutes: for an effect an
+    # action may repeat before the watch shows it.
+    event_on: Callable[[JSON, act.RecordEvent], Awaitable[None]]
     restores: Restores
 
     @property
@@ -99,12 +106,19 @@ def _status(ctx: ActContext, member: str) -> Status | None:
     return ctx.statuses.get(member)
 
 
-async def _set_replicas(ctx: ActContext, replicas: int) -> None:
-    await ctx.api.patch(
-        "StatefulSet", ctx.namespace, names.statefulset(ctx.cluster), {"spec": {"replicas": replicas}}
-    )
+async def _set_replicas(ctx: ActContext, replicas: int, why: str) -> None:
+    """The StatefulSet's replicas, and an Event (ScaledUp, ScaledDown) saying ``why``."""
+    before = ctx.objects.replicas()
+    statefulset = names.statefulset(ctx.cluster)
+    await ctx.api.patch("StatefulSet", ctx.namespace, statefulset, {"spec": {"replicas": replicas}})
     if ctx.objects.statefulset is not None:
         ctx.objects.statefulset.setdefault("spec", {})["replicas"] = replicas
+    reason = "ScaledUp" if replicas > before else "ScaledDown"
+    # Patched again when the next tick's StatefulSet is older than this patch: told once all the same.
+    await ctx.event_on(
+        ctx.objects.cluster,
+        act.RecordEvent(reason, f"{why} (StatefulSet {statefulset}: {before} -> {replicas} replicas)"),
+    )
 
 
 async def _label(ctx: ActContext, member: str, role: str | None) -> None:
@@ -142,7 +156,9 @@ async def label_replicas(ctx: ActContext) -> None:
 
 async def create_member(ctx: ActContext, action: act.CreateMember) -> None:
     if ctx.objects.replicas() <= action.ordinal:
-        await _set_replicas(ctx, action.ordinal + 1)
+        origin = f" from {action.source}" if action.source else ""
+        why = f"creating {action.member}, to be seeded by {action.seed.value}{origin}: {action.reason}"
+        await _set_replicas(ctx, action.ordinal + 1, why)
         return  # the StatefulSet controller creates the pod; it is seeded once its agent answers
     status, ip = _status(ctx, action.member), _ip(ctx, action.member)
     if status is None or ip is None or status.data_present or status.action is not None:
@@ -176,7 +192,8 @@ async def delete_member(ctx: ActContext, action: act.DeleteMember) -> None:
         if ctx.objects.replicas() != ordinal + 1:
             log.warning("not deleting %s: only the highest ordinal can leave a StatefulSet", action.member)
             return
-        await _set_replicas(ctx, ordinal)
+        volume = "its volume kept" if action.keep_data else "its volume deleted"
+        await _set_replicas(ctx, ordinal, f"removing {action.member} ({volume}): {action.reason}")
     if not action.keep_data:
         # PVC protection keeps the volume until its pod is gone; the data goes only on this request.
         await ctx.api.delete("PersistentVolumeClaim", ctx.namespace, names.pvc(ctx.cluster, action.member))
@@ -231,19 +248,40 @@ async def fence(ctx: ActContext, action: act.Fence) -> None:
         ctx.agents.remember_fence(
             action.member, None if volume is None else volume["metadata"].get("uid"), result
         )
+        if result.changed:
+            await ctx.event(act.RecordEvent("Fenced", f"{action.member} {_fenced(result)}: {action.reason}"))
         return
     except AgentUnreachable as exc:
         if pod["metadata"].get("deletionTimestamp"):
             return  # going already: the kubelet confirms when its processes are gone
         log.warning("fencing %s: its agent does not answer (%s): deleting its pod", action.member, exc)
     await ctx.api.delete("Pod", ctx.namespace, action.member, grace_seconds=0, uid=pod["metadata"].get("uid"))
+    message = f"{action.member}'s agent does not answer: its pod is deleted, so that nothing of it writes"
+    await ctx.event_on(ctx.objects.cluster, act.RecordEvent("Fenced", f"{message}: {action.reason}", True))
 
 
-async def _spawned(ctx: ActContext, member: str, what: str, fn: Callable[[Any], Any]) -> None:
+def _fenced(result: ActionResult) -> str:
+    """A fence as the agent answered it: how PostgreSQL stopped, and where its WAL ends."""
+    how = "stopped and fenced" if result.detail == "stopped" else "fenced (PostgreSQL was not running)"
+    if result.shutdown_clean is not None:
+        how += ", after a clean shutdown" if result.shutdown_clean else ", after an unclean stop"
+    if result.final_lsn is not None:
+        how += f"; its WAL ends at {result.final_lsn}"
+        how += f" on timeline {result.timeline}" if result.timeline is not None else ""
+    return how
+
+
+async def _spawned(
+    ctx: ActContext,
+    member: str,
+    what: str,
+    fn: Callable[[Any], Any],
+    then: Callable[[Any], Awaitable[None]] | None = None,
+) -> None:
     ip = _ip(ctx, member)
     if ip is None or ctx.objects.pod(member) is None:
         return
-    ctx.agents.spawn(member, ip, what, fn)
+    ctx.agents.spawn(member, ip, what, fn, then=then)
 
 
 async def demote(ctx: ActContext, action: act.Demote) -> None:
@@ -259,7 +297,11 @@ async def promote(ctx: ActContext, action: act.Promote) -> None:
     ip = _ip(ctx, action.member)
     if ip is None or ctx.agents.busy(action.member, ip):
         return
-    await ctx.agents.call(action.member, ip, "promote", lambda c: c.promote(reason=action.reason))
+    result = await ctx.agents.call(action.member, ip, "promote", lambda c: c.promote(reason=action.reason))
+    # A new primary is the engine's own Event once it sees it (Promoted, engine/narrate.py); the recorded
+    # primary promoted again in place (it came back read-only) changes no record: told here.
+    if result.changed and action.member == ctx.current_primary:
+        await ctx.event(act.RecordEvent("Promoted", f"{action.member} promoted in place: {action.reason}"))
 
 
 async def set_primary(ctx: ActContext, action: act.SetPrimary) -> None:
@@ -292,11 +334,18 @@ async def rejoin(ctx: ActContext, action: act.Rejoin) -> None:
     upstream = ctx.member_address(action.upstream)
     if upstream is None:
         return
+
+    async def rejoined(result: object) -> None:
+        if isinstance(result, ActionResult) and result.changed:
+            message = f"{action.member} follows {action.upstream} ({result.detail}): {action.reason}"
+            await ctx.event(act.RecordEvent("MemberRejoined", message))
+
     await _spawned(
         ctx,
         action.member,
         "rejoin",
         lambda c: c.rejoin(upstream, reclone=action.reclone, reason=action.reason),
+        then=rejoined,
     )
 
 
@@ -332,6 +381,9 @@ async def start_snapshot(ctx: ActContext, action: act.StartSnapshot) -> None:
     except ApiError as exc:
         if not exc.conflict:
             raise
+        return
+    message = f"Backup {action.backup}: snapshot Job {job['metadata']['name']} from {action.member}: {action.reason}"
+    await ctx.event(act.RecordEvent("BackupStarted", message))
 
 
 async def start_restore(ctx: ActContext, action: act.StartRestore) -> None:
@@ -427,6 +479,8 @@ async def create_backup(ctx: ActContext, action: act.CreateBackup) -> None:
     except ApiError as exc:
         if not exc.conflict:
             raise
+        return
+    await ctx.event(act.RecordEvent("BackupCreated", f"Backup {action.name}: {action.reason}"))
 
 
 def _stamp() -> str:
@@ -446,11 +500,16 @@ async def update_backup(ctx: ActContext, action: act.UpdateBackup) -> None:
         status.update(_snapshot_summary(ctx, action.name))
     await ctx.api.patch("Backup", ctx.namespace, action.name, {"status": status}, subresource="status")
     backup = next((b for b in ctx.objects.backups if b["metadata"]["name"] == action.name), None)
-    if action.phase == "Failed" and backup is not None:
-        await ctx.event_on(
-            backup,
-            act.RecordEvent("BackupFailed", f"backup {action.name} failed: {action.error}", warning=True),
+    if action.phase == "Failed":
+        failed = act.RecordEvent("BackupFailed", f"backup {action.name} failed: {action.error}", warning=True)
+        for regarding in (backup, ctx.objects.cluster):
+            if regarding is not None:
+                await ctx.event_on(regarding, failed)
+    elif action.phase == "Completed":
+        done = f"Backup {action.name} completed" + (
+            f", from {action.source_member}" if action.source_member else ""
         )
+        await ctx.event_on(ctx.objects.cluster, act.RecordEvent("BackupCompleted", done))
     if action.phase == "Failed":
         await _delete_unfinished_job(ctx, action.name)
 
@@ -516,6 +575,14 @@ async def prune(ctx: ActContext, action: act.Prune) -> None:
     except ApiError as exc:
         if not exc.conflict:
             raise
+        return
+    keep = ", ".join(
+        f"{name} {value}"
+        for name, value in (("keepLast", action.keep_last), ("keepWithin", action.keep_within))
+        if value
+    )
+    message = f"prune Job {job['metadata']['name']}: retention {keep} ({action.reason})"
+    await ctx.event(act.RecordEvent("PruneStarted", message))
 
 
 async def record_event(ctx: ActContext, action: act.RecordEvent) -> None:

@@ -226,6 +226,8 @@ class ClusterLoop:
             self.status_doc = {**(self.status_doc or {}), **document}
         self.engine = decision.status
         self._log_phase(decision)
+        for event in decision.events:  # what the engine decided, told once: its memory moved on
+            await self.events.post(body, event)
         self._record_metrics(document, view, spec, decision, objects, certificates)
         for problem in problems:  # an Event each (the same one is not posted again for 5 minutes)
             await self.events.record(body, RecordEvent(problem.reason, problem.describe(), warning=True))
@@ -245,7 +247,7 @@ class ClusterLoop:
                 body, spec, image, revision, backup, member, host
             ),
             prune_job=lambda action: self.owned.prune_job(body, spec, image, revision, action),
-            event=lambda action: self.events.record(body, action),
+            event=lambda action: self.events.post(body, action),
             event_on=self.events.record,
             restores=self.restores,
         )

@@ -165,6 +165,8 @@ class Supervisor:
         view, seen = self.platform.view(spec, target)
         decision = decide(spec, view, status)
         self.write_status(cluster, spec, decision, seen)
+        for event in decision.events:  # what the engine decided, told once (events.log)
+            self.platform.apply(event, spec)
         self.platform.current_primary = decision.status.current_primary
         self._clear_switchover(decision, request, target)
         self.last_actions = apply_actions(self.platform, decision.actions, spec, self.last_actions)
