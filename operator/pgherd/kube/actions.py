@@ -31,6 +31,7 @@ from pgherd.kube.restores import RestoreRecord, Restores, iso, restore_object, s
 from pgherd_backup.agent.client import AgentActionError, AgentClient, AgentError, AgentUnreachable
 from pgherd_backup.agent.wire import ActionResult, FenceRequest, Status
 from pgherd_backup.logformat import log_context
+from pgherd_backup.timestamps import now_rfc3339
 
 log = logging.getLogger("pgherd.kube.actions")
 
@@ -484,7 +485,7 @@ async def create_backup(ctx: ActContext, action: act.CreateBackup) -> None:
 
 
 def _stamp() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return now_rfc3339()
 
 
 async def update_backup(ctx: ActContext, action: act.UpdateBackup) -> None:

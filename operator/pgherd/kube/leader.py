@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pgherd.kube.api import ApiError, KubeApi
+from pgherd_backup.timestamps import rfc3339
 
 log = logging.getLogger("pgherd.kube.leader")
 
@@ -30,7 +31,7 @@ RETRY = 2.0
 
 
 def _micro_time(now: datetime | None = None) -> str:
-    return (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return rfc3339(now or datetime.now(UTC), 6)
 
 
 class LeaderElector:

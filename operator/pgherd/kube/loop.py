@@ -51,6 +51,7 @@ from pgherd.kube.restores import Restores
 from pgherd.kube.retention import Retention
 from pgherd.kube.status import cluster_status, merge_patch, unchanged
 from pgherd.kube.volumes import Volumes
+from pgherd_backup.timestamps import now_rfc3339
 
 log = logging.getLogger("pgherd.kube.loop")
 
@@ -443,7 +444,7 @@ class ClusterLoop:
                     "status": "False",
                     "reason": reason,
                     "message": message,
-                    "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    "lastTransitionTime": now_rfc3339(),
                     "observedGeneration": body["metadata"].get("generation"),
                 }
             ],

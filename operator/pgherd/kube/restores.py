@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from pgherd.agentview import kept_aside_since, restore_job_view, restore_snapshot
@@ -30,6 +30,7 @@ from pgherd.kube import names
 from pgherd.kube.api import ApiError, KubeApi
 from pgherd.kube.observe import ClusterObjects
 from pgherd_backup.agent.wire import Status
+from pgherd_backup.timestamps import rfc3339
 
 log = logging.getLogger("pgherd.kube.restores")
 
@@ -37,7 +38,7 @@ JSON = dict[str, Any]
 
 
 def iso(at: datetime) -> str:
-    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(at)
 
 
 @dataclass(frozen=True)

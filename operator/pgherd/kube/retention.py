@@ -22,6 +22,7 @@ from pgherd.kube import names
 from pgherd.kube.api import ApiError, KubeApi
 from pgherd.kube.events import Events
 from pgherd.kube.observe import ClusterObjects, job_result, job_state
+from pgherd_backup.timestamps import rfc3339
 
 log = logging.getLogger("pgherd.kube.retention")
 
@@ -29,7 +30,7 @@ JSON = dict[str, Any]
 
 
 def _stamp(at: datetime) -> str:
-    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(at)
 
 
 def _finished_at(job: JSON) -> str:

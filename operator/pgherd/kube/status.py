@@ -7,7 +7,6 @@ Written through the status subresource *before* any action of the decision is ap
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 from pgherd.engine.conditions import Condition
@@ -16,12 +15,13 @@ from pgherd.engine.plan import Decision
 from pgherd.engine.view import ClusterView, MemberView, Role
 from pgherd.kube import names
 from pgherd_backup.agent.wire import Status
+from pgherd_backup.timestamps import now_rfc3339
 
 JSON = dict[str, Any]
 
 
 def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return now_rfc3339()
 
 
 def conditions(

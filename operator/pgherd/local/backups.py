@@ -28,6 +28,7 @@ from pgherd.local.objects import ObjectStore, now_iso
 from pgherd.local.state import SandboxState
 from pgherd_backup.agent.client import AgentActionError, AgentClient
 from pgherd_backup.agent.wire import Status
+from pgherd_backup.timestamps import rfc3339
 
 log = logging.getLogger("pgherd.sandbox")
 
@@ -304,4 +305,4 @@ class Backups:
 
 
 def _iso(at: datetime) -> str:
-    return at.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    return rfc3339(at)

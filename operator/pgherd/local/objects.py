@@ -8,11 +8,11 @@ status is written apart from the spec, as through the status subresource.
 from __future__ import annotations
 
 import secrets
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from pgherd.local.layout import SandboxPaths, read_json, write_json
+from pgherd_backup.timestamps import now_rfc3339
 
 
 def _status_of(stored: dict[str, Any] | None) -> dict[str, Any]:
@@ -28,7 +28,7 @@ def _admit(manifest: dict[str, Any], old: dict[str, Any] | None = None) -> dict[
 
 
 def now_iso() -> str:
-    return datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    return now_rfc3339()
 
 
 class ObjectStore:

@@ -3,11 +3,10 @@ cluster's TLS, never a key."""
 
 from __future__ import annotations
 
-from datetime import UTC
-
 from cryptography import x509
 
 from pgherd.plugin.document import CertificateRecord
+from pgherd_backup.timestamps import rfc3339
 
 
 def records(pem: str, name: str, source: str) -> list[CertificateRecord]:
@@ -23,7 +22,7 @@ def records(pem: str, name: str, source: str) -> list[CertificateRecord]:
                 CertificateRecord(name=name, subject=f"unreadable: {exc}", not_after=None, source=source)
             )
             continue
-        expires = cert.not_valid_after_utc.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        expires = rfc3339(cert.not_valid_after_utc)
         out.append(
             CertificateRecord(
                 name=name, subject=cert.subject.rfc4514_string(), not_after=expires, source=source

@@ -8,8 +8,9 @@ Restores as their objects (which name Secrets, never hold them).
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any, Literal, TypedDict
+
+from pgherd_backup.timestamps import now_rfc3339
 
 JSON = dict[str, Any]
 
@@ -70,4 +71,4 @@ def of_cluster(objects: list[JSON], cluster: str) -> list[JSON]:
 
 def now_text() -> str:
     """Now, as the API server writes a time (RFC 3339, UTC, to the second)."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return now_rfc3339()

