@@ -174,10 +174,16 @@ def verification(store: Any, manifest: Any) -> dict[str, Any]:
 
 def cmd_wal_push(args: argparse.Namespace) -> int:
     from pgherd_backup.compression import Codec
-    from pgherd_backup.wal import push
+    from pgherd_backup.wal import ARCHIVE_FAILURE_VARIABLE, note_archive_outcome, push
 
-    store = _open_store(args)
-    push(store, Path(args.path), system_id=args.system_id, codec=Codec.get(args.compression, threads=0))
+    failure_file = os.environ.get(ARCHIVE_FAILURE_VARIABLE)
+    try:
+        store = _open_store(args)
+        push(store, Path(args.path), system_id=args.system_id, codec=Codec.get(args.compression, threads=0))
+    except BackupError as exc:
+        note_archive_outcome(failure_file, exc.message)
+        raise
+    note_archive_outcome(failure_file, None)
     return 0
 
 

@@ -24,6 +24,10 @@ from pgherd_backup.walnames import Segment, is_segment, is_wal_name
 
 MAGIC = b"PGHERDWAL1\n"
 _HEADER_PROBE = 4096
+# Where wal-push records why it last failed (the agent sets it in its PostgreSQL's environment and
+# reports the reason in /status while pg_stat_archiver says archiving fails).
+ARCHIVE_FAILURE_VARIABLE = "PGHERD_ARCHIVE_FAILURE_FILE"
+_FAILURE_MAX = 1000  # characters of a reason kept: a condition's message, not a log
 
 
 @dataclass(frozen=True)
@@ -172,3 +176,26 @@ def verify_wal_object(store: Store, key: str) -> None:
 
 
 __all__ = ["ObjectMissing", "WalHeader", "fetch", "push", "system_id_for", "verify_wal_object"]
+
+
+def note_archive_outcome(path: str | None, error: str | None) -> None:
+    """wal-push's outcome for the agent: the reason of a failure written to `path`, removed after a
+    success. Best effort: the archiving itself must never fail for want of this note."""
+    if not path:
+        return
+    with contextlib.suppress(OSError):
+        if error is None:
+            os.unlink(path)
+            return
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(error[:_FAILURE_MAX])
+        os.replace(tmp, path)
+
+
+def archive_failure(path: Path) -> str | None:
+    """The reason wal-push last failed, as `note_archive_outcome` wrote it; None without one."""
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")[:_FAILURE_MAX].strip() or None
+    except OSError:
+        return None

@@ -268,3 +268,27 @@ def test_a_new_member_counts_only_once_it_holds_commits_acknowledged_before_it_j
     caught_up = with_members(applied, replace(newcomer, received_lsn=2000))
     d3 = decide(spec, caught_up, d2.status)
     assert "pg-3" in d3.status.voters
+
+
+def test_continuous_archiving_says_why_the_archiver_fails() -> None:
+    """The archiver's reason (wal-push's error, from the primary's agent) is the condition's message: an
+    endpoint whose certificate the store's CA does not verify is named there, not merely "fails"."""
+    spec, view, status = settled(make_spec(backup=STORE))
+
+    def archiving(view: ClusterView) -> dict[str, object]:
+        [condition] = [c for c in decide(spec, view, status).conditions if c.type == "ContinuousArchiving"]
+        return {"status": condition.status, "reason": condition.reason, "message": condition.message or ""}
+
+    assert archiving(replace(view, archiving_healthy=True))["status"] is True
+    assert archiving(replace(view, archiving_healthy=False)) == {
+        "status": False,
+        "reason": "ArchiveFailing",
+        "message": "WAL archiving fails",
+    }
+    why = "the S3 endpoint https://minio:9000 presented a certificate that the CA bundle ... does not verify"
+    failing = archiving(replace(view, archiving_healthy=False, archiving_error=why))
+    assert failing == {
+        "status": False,
+        "reason": "ArchiveFailing",
+        "message": f"WAL archiving fails: {why}",
+    }

@@ -368,3 +368,28 @@ def test_the_restart_request_reaches_the_view() -> None:
         cluster_view(ClusterObjects(cluster(), statefulset=sts(0)), {}, NOW, switchover_to=None).restart
         is None
     )
+
+
+def test_archiving_is_what_the_primarys_archiver_says() -> None:
+    """pg_stat_archiver of the primary, and why wal-push last failed (the ContinuousArchiving
+    condition's message): a replica's word does not count, and nothing is known without a primary."""
+    objects = ClusterObjects(
+        cluster(),
+        pods=[pod("db-0"), pod("db-1", "10.0.0.2")],
+        pvcs=[pvc("db-0"), pvc("db-1")],
+        statefulset=sts(2),
+    )
+    why = "the CA bundle /etc/pgherd/s3-ca/ca.crt (AWS_CA_BUNDLE) does not exist"
+    failing = {
+        "db-0": agent("db-0", "primary", archivingHealthy=False, archiveError=why),
+        "db-1": agent("db-1", archivingHealthy=True),
+    }
+    view = cluster_view(objects, failing, NOW, switchover_to=None)
+    assert (view.archiving_healthy, view.archiving_error) == (False, why)
+    healthy = {"db-0": agent("db-0", "primary", archivingHealthy=True), "db-1": agent("db-1")}
+    view = cluster_view(objects, healthy, NOW, switchover_to=None)
+    assert (view.archiving_healthy, view.archiving_error) == (True, None)
+    view = cluster_view(
+        objects, {"db-0": None, "db-1": agent("db-1", archivingHealthy=False)}, NOW, switchover_to=None
+    )
+    assert (view.archiving_healthy, view.archiving_error) == (None, None)

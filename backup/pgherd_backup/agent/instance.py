@@ -56,6 +56,7 @@ from pgherd_backup.postgres.process import give_to_pg, grant_traverse, make_pg_d
 from pgherd_backup.postgres.seed import is_empty
 from pgherd_backup.postgres.walend import WalEndReader
 from pgherd_backup.restore import agent_executable
+from pgherd_backup.wal import ARCHIVE_FAILURE_VARIABLE
 
 log = logging.getLogger("pgherd.agent")
 
@@ -322,6 +323,7 @@ class Instance:
         if self.options.store:
             env["PGHERD_STORE"] = self.options.store
             env["PGHERD_CLUSTER"] = self.options.cluster
+            env[ARCHIVE_FAILURE_VARIABLE] = str(self.options.archive_failure_file)
         return env
 
     def settings(self) -> dict[str, Setting]:

@@ -6,6 +6,7 @@ Volume layout (the volume is the directory holding the data directory):
   <volume>/<pgdata>.log       PostgreSQL's log (default)
   <volume>/agent/state.json   what the agent remembers across its restarts (see state.py)
   <volume>/agent/pgpass       the passwords PostgreSQL's clients (walreceiver, pg_basebackup) use
+  <volume>/agent/archive-failure  why archive_command (wal-push) last failed, until it succeeds
   <volume>/agent/run/         PostgreSQL's Unix socket: the agent's own connections, no password
   <volume>/kept/<stamp>/      data directories a re-clone replaced: kept on the same volume, never deleted
 """
@@ -147,6 +148,11 @@ class AgentOptions:
     @property
     def passfile(self) -> Path:
         return self.agent_dir / "pgpass"
+
+    @property
+    def archive_failure_file(self) -> Path:
+        """Why wal-push last failed (written by archive_command, read for /status)."""
+        return self.agent_dir / "archive-failure"
 
     @property
     def socket_dir(self) -> Path:

@@ -16,6 +16,7 @@ from pgherd_backup.agent.instance import VERSION, Instance, describe_upstream
 from pgherd_backup.agent.supervisor import PostmasterState
 from pgherd_backup.agent.wire import ActionOutcome, Status, WalReceiver, WireError, format_lsn, parse_lsn
 from pgherd_backup.postgres.binaries import data_major
+from pgherd_backup.wal import archive_failure
 
 _QUERY = """
 SELECT pg_is_in_recovery(),
@@ -207,6 +208,9 @@ def gather(inst: Instance) -> Status:
             pending_restart=live.pending_restart,
             synchronous_standby_names=live.sync,
             archiving_healthy=live.archiving_healthy,
+            archive_error=archive_failure(inst.options.archive_failure_file)
+            if live.archiving_healthy is False
+            else None,
             system_identifier=live.system_identifier,
             server_version=live.server_version,
         )

@@ -221,6 +221,7 @@ class Status(Wire):
     last_action: ActionOutcome | None = None  # how the last long action ended
     start_error: str | None = None  # why PostgreSQL did not start (its log's last FATAL line), until it does
     archiving_healthy: bool | None = None  # pg_stat_archiver on a primary
+    archive_error: str | None = None  # while archiving fails: why wal-push last failed
     system_identifier: str | None = None
     server_version: str | None = None  # the running server's MAJOR.MINOR ("16.15"); null while stopped
     data_major: int | None = None  # the major the data directory belongs to (PG_VERSION), also stopped

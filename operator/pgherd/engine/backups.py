@@ -125,7 +125,10 @@ def conditions(ctx: Context) -> list[Condition]:
     spec = ctx.spec.backup
     if spec is not None and spec.archiving_enabled:
         if ctx.view.archiving_healthy is False:
-            out.append(false(ConditionType.CONTINUOUS_ARCHIVING, "ArchiveFailing", "WAL archiving fails"))
+            why = f": {ctx.view.archiving_error}" if ctx.view.archiving_error else ""
+            out.append(
+                false(ConditionType.CONTINUOUS_ARCHIVING, "ArchiveFailing", f"WAL archiving fails{why}")
+            )
         else:
             out.append(true(ConditionType.CONTINUOUS_ARCHIVING, "Archiving"))
     else:

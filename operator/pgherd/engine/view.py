@@ -226,6 +226,7 @@ class ClusterView:
     restores: tuple[RestoreView, ...] = ()
     jobs: tuple[JobView, ...] = ()
     archiving_healthy: bool | None = None  # pg_stat_archiver on the primary: None when unknown
+    archiving_error: str | None = None  # while it fails: why wal-push last failed, as the primary says
     deleting: bool = False
     generation: int | None = None
     switchover_to: str | None = None  # a user's request (annotation pgherd.io/switchover-to)

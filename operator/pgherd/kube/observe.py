@@ -398,10 +398,15 @@ def cluster_view(
     lost_volumes: Set[str] = frozenset(),
 ) -> ClusterView:
     meta = objects.cluster["metadata"]
+    views = tuple(members(objects, statuses, lost_volumes))
+    # The archiver of the primary (pg_stat_archiver, and why wal-push last failed) says how archiving goes.
+    primary = next((statuses.get(m.name) for m in views if m.is_primary), None)
     return ClusterView(
         cluster=objects.name,
         now=now,
-        members=tuple(members(objects, statuses, lost_volumes)),
+        members=views,
+        archiving_healthy=primary.archiving_healthy if primary is not None else None,
+        archiving_error=primary.archive_error if primary is not None else None,
         backups=backups(objects),
         restores=restores(objects),
         jobs=jobs(objects) + tuple(extra_jobs),

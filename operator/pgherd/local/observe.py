@@ -22,6 +22,7 @@ class Observation:
     sender_port: int | None = None
     sync: SyncConfig | None = None
     archiving_healthy: bool | None = None
+    archive_error: str | None = None  # while archiving fails: why wal-push last failed
     server_version: str | None = None  # MAJOR.MINOR of the running server, e.g. "16.15"
 
 
@@ -43,5 +44,6 @@ def observation(status: Status | None) -> Observation:
         sender_port=sender_port,
         sync=parse_sync_standby_names(status.synchronous_standby_names or ""),
         archiving_healthy=status.archiving_healthy,
+        archive_error=status.archive_error,
         server_version=status.server_version,
     )

@@ -359,6 +359,7 @@ class LocalPlatform:
             restores=tuple(self.backups.restore_views()),
             jobs=tuple(self.backups.job_views()),
             archiving_healthy=primary_obs.archiving_healthy if primary_obs else None,
+            archiving_error=primary_obs.archive_error if primary_obs else None,
             generation=int(cluster["metadata"].get("generation", 1)),
             switchover_to=switchover_to,
             rw_member=self.rw_member,
