@@ -93,6 +93,16 @@ class SandboxPaths:
         return self.root / "s3"
 
     @property
+    def s3_tls(self) -> Path:
+        """The embedded S3 server's certificate and key, and the sandbox's CA that signed them."""
+        return self.root / "s3-tls"
+
+    @property
+    def s3_ca(self) -> Path:
+        """An external store's CA (backup.store.s3.endpointCA), copied from AWS_CA_BUNDLE at `up`."""
+        return self.root / "s3-ca.crt"
+
+    @property
     def supervisor_log(self) -> Path:
         return self.root / "supervisor.log"
 

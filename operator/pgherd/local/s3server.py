@@ -87,6 +87,11 @@ class S3Tls:
     ca: Path
 
     @classmethod
+    def in_dir(cls, directory: Path) -> S3Tls:
+        """The files `issue` writes in `directory`."""
+        return cls(directory / "s3.crt", directory / "s3.key", directory / "ca.crt")
+
+    @classmethod
     def issue(cls, directory: Path, *, ips: Iterable[str] = (), dns: Iterable[str] = ()) -> S3Tls:
         """A new private CA and a server certificate it signs for 127.0.0.1, localhost and `ips`/`dns`,
         in `directory`: the key private (0600), the certificates readable by all (the CA is no secret,
@@ -96,7 +101,7 @@ class S3Tls:
         directory.mkdir(parents=True, exist_ok=True)
         ca_pem, ca_key_pem = make_ca("the S3 server")
         cert_pem, key_pem = make_server_cert(ca_pem, ca_key_pem, "s3", ips=ips, dns=dns)
-        tls = cls(directory / "s3.crt", directory / "s3.key", directory / "ca.crt")
+        tls = cls.in_dir(directory)
         write_private(tls.key, key_pem)
         for path, pem in ((tls.cert, cert_pem), (tls.ca, ca_pem)):
             path.write_bytes(pem)

@@ -22,12 +22,14 @@ from pgherd.local.layout import SandboxPaths, read_json, write_json
 from pgherd.local.objects import ObjectStore
 from pgherd.local.pods import Credentials
 from pgherd.local.postgres.resolve import PostgresInstall, PostgresUnavailable, resolve
-from pgherd.local.s3server import S3ServerUnavailable, choose_backend, free_port
+from pgherd.local.s3server import S3ServerUnavailable, S3Tls, choose_backend, free_port
 from pgherd.local.state import MemberState, S3Endpoint, SandboxState, binaries_missing
 from pgherd_backup.postgres.process import grant_traverse
 
 EMBEDDED_BUCKET = "pgherd"
 EMBEDDED_SECRET = "pgherd-sandbox-s3"
+# The embedded store's endpointCA: the sandbox's own CA, which signs its S3 server's certificate.
+EMBEDDED_CA_SECRET = "pgherd-sandbox-s3-ca"
 # Each member is its own `pgherd instance run` process, driven through its API (as on Kubernetes). The
 # other mode of old, "inline" (the supervisor driving PostgreSQL itself), was removed.
 MEMBER_MODES = ("agent",)
@@ -85,15 +87,18 @@ class Sandbox:
         if store is None:
             _require_embedded_s3()  # before anything is written: the supervisor would die at start-up
         s3_port = free_port()
+        ca_source: Path | None = None  # an external store's CA file, copied into the sandbox
         if store is None:
             # The embedded S3 server becomes the store, before admission: rules that need a store
-            # (recovery.onQuorumLoss: RestoreFromBackup, schedules) then hold.
+            # (recovery.onQuorumLoss: RestoreFromBackup, schedules) then hold. It serves HTTPS with a
+            # certificate of the sandbox's own CA, which the store names, as a MinIO with its own CA.
             s3 = S3Endpoint(
-                endpoint=f"http://127.0.0.1:{s3_port}",
+                endpoint=f"https://127.0.0.1:{s3_port}",
                 access_key="pgherd",
                 secret_key=secrets.token_hex(16),
                 embedded=True,
                 port=s3_port,
+                ca_file=str(S3Tls.in_dir(self.paths.s3_tls.resolve()).ca),
             )
             store_url = f"s3://{EMBEDDED_BUCKET}/sandbox"
             manifest = copy.deepcopy(manifest)
@@ -106,6 +111,7 @@ class Sandbox:
                     "endpoint": s3.endpoint,
                     "forcePathStyle": True,
                     "credentials": {"secretName": EMBEDDED_SECRET},
+                    "endpointCA": {"secretName": EMBEDDED_CA_SECRET},
                 }
             }
         else:
@@ -117,6 +123,8 @@ class Sandbox:
                     "the manifest's backup.store points to an external S3: export AWS_ACCESS_KEY_ID and"
                     " AWS_SECRET_ACCESS_KEY (the sandbox's stand-in for the credentials Secret)"
                 )
+            if s3_spec.get("endpointCA") is not None:
+                ca_source = _endpoint_ca_file(os.environ.get("AWS_CA_BUNDLE"))
             s3 = S3Endpoint(
                 endpoint=s3_spec.get("endpoint")
                 or f"https://s3.{s3_spec.get('region', 'us-east-1')}.amazonaws.com",
@@ -124,12 +132,18 @@ class Sandbox:
                 secret_key=secret,
                 region=s3_spec.get("region", "us-east-1"),
                 embedded=False,
+                ca_file=str(self.paths.s3_ca.resolve()) if ca_source is not None else None,
             )
             store_url = f"s3://{s3_spec.get('bucket')}/{s3_spec.get('path', '')}".rstrip("/")
         admitted = admit(manifest)  # before anything is written: a refused manifest leaves no directory
         postgres = _postgres_of(int(admitted["spec"]["postgresVersion"]))  # likewise
         self.root.mkdir(parents=True, exist_ok=True)
         grant_traverse(self.root)
+        if s3.embedded:
+            S3Tls.issue(self.paths.s3_tls)
+        elif ca_source is not None:
+            shutil.copyfile(ca_source, self.paths.s3_ca)
+            self.paths.s3_ca.chmod(0o644)  # read by the members' PostgreSQL (archive_command)
         name = admitted["metadata"]["name"]
         spec = admitted["spec"]
         initdb = ((spec.get("bootstrap") or {}).get("initdb")) or {}
@@ -395,6 +409,20 @@ class Sandbox:
                 os.kill(state.s3.pid, signal.SIGTERM)
         if not keep_data:
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _endpoint_ca_file(bundle: str | None) -> Path:
+    """The CA file of an external store's endpointCA: AWS_CA_BUNDLE, the sandbox's stand-in for the
+    Secret it names (as AWS_ACCESS_KEY_ID is for the credentials)."""
+    if not bundle:
+        raise SandboxError(
+            "the manifest's backup.store.s3.endpointCA names a Secret holding the S3 endpoint's CA: export"
+            " AWS_CA_BUNDLE=<that CA's file> (the sandbox's stand-in for the Secret)"
+        )
+    path = Path(bundle)
+    if not path.is_file():
+        raise SandboxError(f"AWS_CA_BUNDLE={bundle}: no such file (the S3 endpoint's CA, PEM)")
+    return path
 
 
 def check_members_mode(members: str) -> None:

@@ -20,14 +20,19 @@ class S3Endpoint:
     embedded: bool = True
     pid: int | None = None
     port: int | None = None
+    # The CA an https endpoint is verified with (the store's endpointCA); None: the system's CAs.
+    ca_file: str | None = None
 
     def env(self) -> dict[str, str]:
-        return {
+        env = {
             "AWS_ENDPOINT_URL": self.endpoint,
             "AWS_REGION": self.region,
             "AWS_ACCESS_KEY_ID": self.access_key,
             "AWS_SECRET_ACCESS_KEY": self.secret_key,
         }
+        if self.ca_file:
+            env["AWS_CA_BUNDLE"] = self.ca_file
+        return env
 
 
 @dataclass

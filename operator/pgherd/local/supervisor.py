@@ -13,8 +13,6 @@ import os
 import signal
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,26 +26,20 @@ from pgherd.local.layout import SandboxPaths, read_json, write_json
 from pgherd.local.objects import ObjectStore, now_iso
 from pgherd.local.observe import Observation
 from pgherd.local.platform import LocalPlatform
-from pgherd.local.s3server import S3Server
+from pgherd.local.s3server import S3Server, S3Tls, answers
 from pgherd.local.state import SandboxState
 from pgherd_backup.agent.wire import Status
 
 log = logging.getLogger("pgherd.sandbox")
 
 
-def _s3_answers(endpoint: str) -> bool:
-    try:
-        urllib.request.urlopen(endpoint + "/", timeout=1).close()
-    except urllib.error.HTTPError:
-        return True
-    except (urllib.error.URLError, OSError):
-        return False
-    return True
-
-
 def ensure_s3(paths: SandboxPaths, state: SandboxState) -> S3Server | None:
-    """Start the embedded S3 server unless it already runs (a resumed supervisor reuses it)."""
-    if not state.s3.embedded or _s3_answers(state.s3.endpoint):
+    """Start the embedded S3 server unless it already runs (a resumed supervisor reuses it). It serves
+    HTTPS with the sandbox's certificate, or HTTP in a sandbox made before it had one."""
+    if not state.s3.embedded:
+        return None
+    tls = S3Tls.in_dir(paths.s3_tls) if state.s3.endpoint.startswith("https:") else None
+    if answers(state.s3.endpoint + "/", tls.client_context() if tls else None):
         return None
     server = S3Server(
         paths.s3_root,
@@ -55,6 +47,7 @@ def ensure_s3(paths: SandboxPaths, state: SandboxState) -> S3Server | None:
         secret_key=state.s3.secret_key,
         port=state.s3.port,
         log_file=paths.root / "s3server.log",
+        tls=tls,
     )
     server.start()
     bucket = state.store_url.removeprefix("s3://").split("/", 1)[0]
