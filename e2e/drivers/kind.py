@@ -17,6 +17,9 @@ installed once per session from charts/pgherd unless $PGHERD_E2E_INSTALL=0 says 
                                      AWS_SECRET_ACCESS_KEY, copied as `pgherd-e2e-s3` into each cluster's namespace
     PGHERD_E2E_S3_PATH               the prefix in the bucket (default e2e-<UTC time of the session>: a
                                      rerun against the same bucket starts from an empty archive)
+    PGHERD_E2E_S3_CA_SECRET          NAMESPACE/NAME of a Secret holding ca.crt, the private CA of an https
+                                     endpoint (a MinIO with its own CA), copied as `pgherd-e2e-s3-ca` and
+                                     named by the store's endpointCA
 
 How the scenarios' operations map to Kubernetes:
   kill(member)          kubectl delete pod <member> --grace-period=0 --force (the StatefulSet recreates it)
@@ -50,6 +53,8 @@ from e2e.driver import DriverError
 from e2e.drivers.kube import (
     POSTGRES_PORT,
     REPO_ROOT,
+    S3_CA_KEYS,
+    S3_CA_SECRET,
     S3_KEYS,
     S3_SECRET,
     Kube,
@@ -79,7 +84,10 @@ def s3_store() -> dict[str, Any] | None:
     if not endpoint:
         return None
     return store_at(
-        endpoint, env("PGHERD_E2E_S3_BUCKET", "pgherd-e2e"), env("PGHERD_E2E_S3_PATH", _SESSION_PATH)
+        endpoint,
+        env("PGHERD_E2E_S3_BUCKET", "pgherd-e2e"),
+        env("PGHERD_E2E_S3_PATH", _SESSION_PATH),
+        private_ca=bool(os.environ.get("PGHERD_E2E_S3_CA_SECRET")),
     )
 
 
@@ -247,6 +255,12 @@ class KindDriver(KubeDriver):
             )
         namespace, _, name = source.partition("/")
         self.copy_secret(namespace, name, S3_SECRET, S3_KEYS)
+        ca = os.environ.get("PGHERD_E2E_S3_CA_SECRET")
+        if ca:
+            if "/" not in ca:
+                raise DriverError(f"PGHERD_E2E_S3_CA_SECRET must be NAMESPACE/NAME (found {ca!r})")
+            namespace, _, name = ca.partition("/")
+            self.copy_secret(namespace, name, S3_CA_SECRET, S3_CA_KEYS)
 
     # -- the operator and connections ------------------------------------------------------------------
 

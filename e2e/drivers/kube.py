@@ -35,6 +35,8 @@ SOCKET_DIR = f"{DATA_MOUNT}/agent/run"  # PostgreSQL's Unix socket in a member (
 POSTGRES_PORT = 5432
 S3_SECRET = "pgherd-e2e-s3"
 S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+S3_CA_SECRET = "pgherd-e2e-s3-ca"  # an HTTPS S3 server's private CA (ca.crt): the store's endpointCA
+S3_CA_KEYS = ("ca.crt",)
 CRASH_POINT_ENV = "PGHERD_CRASH_POINT"  # operator/pgherd/kube/crashpoint.py
 
 
@@ -63,17 +65,19 @@ def with_store(manifest: Manifest, store: dict[str, Any] | None) -> dict[str, An
     return doc
 
 
-def store_at(endpoint: str, bucket: str, path: str) -> dict[str, Any]:
-    """A PostgresCluster's spec.backup.store on that S3 server, its keys in the Secret S3_SECRET."""
-    return {
-        "s3": {
-            "bucket": bucket,
-            "path": path,
-            "endpoint": endpoint,
-            "forcePathStyle": True,
-            "credentials": {"secretName": S3_SECRET},
-        }
+def store_at(endpoint: str, bucket: str, path: str, *, private_ca: bool = False) -> dict[str, Any]:
+    """A PostgresCluster's spec.backup.store on that S3 server, its keys in the Secret S3_SECRET; with
+    `private_ca`, an HTTPS endpoint verified by the CA of the Secret S3_CA_SECRET (endpointCA)."""
+    s3: dict[str, Any] = {
+        "bucket": bucket,
+        "path": path,
+        "endpoint": endpoint,
+        "forcePathStyle": True,
+        "credentials": {"secretName": S3_SECRET},
     }
+    if private_ca:
+        s3["endpointCA"] = {"secretName": S3_CA_SECRET}
+    return {"s3": s3}
 
 
 class Kube:

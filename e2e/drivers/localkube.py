@@ -21,8 +21,9 @@ How the scenarios' operations map:
                         verify-full against the app Secret's ca.crt for the Service's DNS name
   member_dsn(name)      the pod's IP, port 5432 (the pods' bridge is this host's), verified for the
                         member's headless name
-The backup store is the cluster's S3 server (DIR/s3.json), its keys copied from `default/pgherd-e2e-s3`
-into each scenario's namespace. Every scenario's namespace enforces the `restricted` Pod Security
+The backup store is the cluster's S3 server (DIR/s3.json), over HTTPS with a private CA: its keys and its
+CA copied from `default/pgherd-e2e-s3` and `default/pgherd-e2e-s3-ca` into each scenario's namespace, the
+CA named by the store's endpointCA. Every scenario's namespace enforces the `restricted` Pod Security
 Standard: a member, a Job's pod or a scenario's own pod that is not restricted is refused.
 """
 
@@ -47,6 +48,8 @@ from e2e.driver import ClusterStatus, DriverError
 from e2e.drivers.kube import (
     POSTGRES_PORT,
     REPO_ROOT,
+    S3_CA_KEYS,
+    S3_CA_SECRET,
     S3_KEYS,
     S3_SECRET,
     Kube,
@@ -195,7 +198,10 @@ class LocalKubeDriver(KubeDriver):
             LocalKubeDriver._cluster = LocalKube.up()
         self.localkube = LocalKubeDriver._cluster
         s3 = self.localkube.s3
-        store = store_at(str(s3["endpoint"]), str(s3["bucket"]), f"e2e-{cluster}-{int(time.time())}")
+        # HTTPS with a private CA (DIR/s3-tls); a DIR brought up before that serves HTTP.
+        private_ca = str(s3["endpoint"]).startswith("https://")
+        path = f"e2e-{cluster}-{int(time.time())}"
+        store = store_at(str(s3["endpoint"]), str(s3["bucket"]), path, private_ca=private_ca)
         kube = Kube(
             kubeconfig=self.localkube.kubeconfig,
             cache_dir=Path(workdir) / "kubectl-cache",
@@ -218,6 +224,8 @@ class LocalKubeDriver(KubeDriver):
             )
         self.kube.run("apply", "-f", "-", input=json.dumps(restricted_namespace(self.namespace)))
         self.copy_secret("default", S3_SECRET, S3_SECRET, S3_KEYS)
+        if private_ca:
+            self.copy_secret("default", S3_CA_SECRET, S3_CA_SECRET, S3_CA_KEYS)
 
     # -- members ----------------------------------------------------------------------------------------
 

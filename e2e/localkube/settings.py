@@ -24,6 +24,7 @@ POSTGRES_MAJOR = 16
 EXTRA_MAJORS = "17"
 S3_BUCKET = "pgherd-e2e"
 S3_SECRET = "pgherd-e2e-s3"  # in `default`, copied into each scenario's namespace
+S3_CA_SECRET = "pgherd-e2e-s3-ca"  # the S3 server's private CA (ca.crt), likewise: the store's endpointCA
 S3_REGION = "us-east-1"
 STORAGE_CLASS = "standard"  # kind's name for its default class, on the same provisioner
 # The chart as the README installs it.
@@ -245,3 +246,8 @@ class Layout:
     @property
     def s3_data(self) -> Path:
         return self.root / "s3"
+
+    @property
+    def s3_tls(self) -> Path:
+        """The S3 server's certificate and key, and the private CA that signed them."""
+        return self.root / "s3-tls"

@@ -209,9 +209,12 @@ def start_cluster(
     process, store = s3.s3_server(layout, settings, kubectl)
     state.add_process(process)
     state.update(
-        s3={k: v for k, v in store.items() if k != "secretAccessKey"} | {"secret": "default/pgherd-e2e-s3"}
+        s3={k: v for k, v in store.items() if k != "secretAccessKey"}
+        | {"secret": "default/pgherd-e2e-s3", "caSecret": "default/pgherd-e2e-s3-ca"}
     )
-    say(f"S3 server: {store['endpoint']}, bucket {store['bucket']} ({layout.s3_json})")
+    say(
+        f"S3 server: {store['endpoint']} (its CA: {store['caFile']}), bucket {store['bucket']} ({layout.s3_json})"
+    )
     # Pods of `default` need its ServiceAccount, which the controller-manager makes.
     wait_until(
         "the default ServiceAccount", lambda: kubectl.ok("get", "serviceaccount", "default"), timeout=60
@@ -256,7 +259,7 @@ localkube is up in {state.data.get("upSeconds")} s ({state.data.get("versions")}
   API server: {settings.api_url}   audit log: {layout.audit_log}
   node:       {NODE_NAME} ({settings.node_ip}), pods on {settings.bridge} {settings.pod_cidr}, services {settings.service_cidr}
   storage:    default StorageClass {STORAGE_CLASS} (local-path-provisioner, volumes in {layout.volumes})
-  S3:         {layout.s3_json} (keys also in Secret default/pgherd-e2e-s3)
+  S3:         {layout.s3_json} (keys also in Secret default/pgherd-e2e-s3, its CA in default/pgherd-e2e-s3-ca)
   Prometheus: {prometheus.info_file(layout) if options.prometheus else "not started (--prometheus starts it)"}
   operator:   {"helm release " + RELEASE + " in " + OPERATOR_NAMESPACE + ", values " + str(layout.values) if options.operator else "not installed (--no-operator)"}
 Use it:
