@@ -85,6 +85,11 @@ class Driver(Protocol):
         """The cluster's status now (phase, primary, members, backups, restores, conditions, operation)."""
         ...
 
+    def backup_store(self) -> dict[str, Any]:
+        """The spec.backup.store.s3 the cluster runs with: the manifest's, or the one the platform gave a
+        manifest without (the sandbox's embedded store, the driver's S3 server)."""
+        ...
+
     def wait_for(
         self, predicate: Callable[[ClusterStatus], bool], timeout: float, what: str
     ) -> ClusterStatus:

@@ -159,6 +159,10 @@ class KubeDriver(PollingDriver):
         """An object of this namespace (`kubectl get RESOURCE NAME -o json`), or the list of them."""
         return self.kube.json("-n", self.namespace, "get", resource, *([name] if name else []))
 
+    def backup_store(self) -> dict[str, Any]:
+        cluster = self.get("postgresclusters.pgherd.io", self.cluster)
+        return dict(cluster["spec"]["backup"]["store"]["s3"])
+
     # The operator's Deployment (the chart's release), for the drivers that run it as one.
     operator_namespace = "pgherd-system"
     release = "pgherd"

@@ -135,6 +135,10 @@ class LocalDriver(PollingDriver):
         if kind == "PostgresCluster":
             self._cluster_manifest = doc
 
+    def backup_store(self) -> dict[str, Any]:
+        stored = read_json(SandboxPaths(self.dir).cluster_object) or {}
+        return dict(stored["spec"]["backup"]["store"]["s3"])
+
     def status(self) -> ClusterStatus:
         result = self._sandbox("status", "--json", timeout=60)
         try:
