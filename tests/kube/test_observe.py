@@ -393,3 +393,21 @@ def test_archiving_is_what_the_primarys_archiver_says() -> None:
         objects, {"db-0": None, "db-1": agent("db-1", archivingHealthy=False)}, NOW, switchover_to=None
     )
     assert (view.archiving_healthy, view.archiving_error) == (None, None)
+
+
+def test_a_failed_snapshot_job_says_what_its_command_said() -> None:
+    """A snapshot that fails writes no summary: its pod's termination message is its log's tail, whose
+    last line (pgherd-backup's one-line error: an endpoint whose certificate the CA does not verify) is
+    the Backup's error, as in the sandbox, rather than the Job controller's BackoffLimitExceeded."""
+    failed_job = snapshot_job(
+        {"failed": 3, "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}
+    )
+    line = (
+        "pgherd-backup: error: the S3 endpoint https://minio:9000 presented a certificate that the CA bundle"
+        " /etc/pgherd/s3-ca/ca.crt (AWS_CA_BUNDLE) does not verify (unable to get local issuer certificate)"
+    )
+    terminated = {"terminated": {"exitCode": 1, "message": f"starting the snapshot\n{line}\n"}}
+    seen = observed_job(failed_job, snapshot_pod(phase="Failed", state=terminated))
+    assert seen.state is JobState.FAILED and seen.message == line
+    # Without any pod's word, the Job controller's reason.
+    assert observed_job(failed_job).message == "BackoffLimitExceeded"

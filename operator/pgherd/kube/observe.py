@@ -37,6 +37,7 @@ from pgherd.engine.view import (
     parse_time,
 )
 from pgherd.kube import names
+from pgherd.kube.builders.jobs import job_error
 from pgherd_backup.agent.wire import Status
 
 JSON = dict[str, Any]
@@ -267,6 +268,16 @@ def job_result(objects: ClusterObjects, job: JSON) -> JSON:
     return found
 
 
+def failed_pod_error(objects: ClusterObjects, job: JSON) -> str | None:
+    """What a failed Job's command said last (its log's tail, left as its termination message), from
+    its newest pod that says anything: pgherd-backup's one-line error."""
+    pods = sorted(
+        pods_of_job(objects, job), key=lambda pod: str(pod["metadata"].get("creationTimestamp") or "")
+    )
+    said = [error for pod in pods if (error := job_error(pod))]
+    return said[-1] if said else None
+
+
 def jobs(objects: ClusterObjects) -> tuple[JobView, ...]:
     """Snapshot Jobs (labelled with their Backup), with the summary their pod left."""
     views = []
@@ -277,6 +288,7 @@ def jobs(objects: ClusterObjects) -> tuple[JobView, ...]:
             continue
         state = job_state(job)
         result = job_result(objects, job) if state is not JobState.RUNNING else {}
+        failure = failed_pod_error(objects, job) if state is JobState.FAILED else None
         since, why = job_waiting(objects, job) if state is JobState.RUNNING else (None, "")
         views.append(
             JobView(
@@ -284,7 +296,7 @@ def jobs(objects: ClusterObjects) -> tuple[JobView, ...]:
                 name=backup,
                 state=state,
                 member=labels.get(names.LABEL_MEMBER),
-                message=str(result.get("error") or _failure_message(job) or ""),
+                message=str(result.get("error") or failure or _failure_message(job) or ""),
                 backup_id=result.get("backupId") or result.get("backup_id") or result.get("id"),
                 timeline=result.get("timeline"),
                 waiting_since=since,
