@@ -86,6 +86,7 @@ def cluster(new_cluster: NewCluster, pg_version: int, user: UserCertificates) ->
         NAME,
         postgres_version=pg_version,
         instances=INSTANCES,
+        mode="async",  # quorum needs 3 members or 1
         tls={"serverCertSecret": SERVER_SECRET, "clientCASecret": CLIENT_CA_SECRET},
     )
     driver = new_cluster(manifest, prepare=prepare)
