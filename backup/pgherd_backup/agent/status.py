@@ -154,6 +154,12 @@ def _fmt(value: int | None) -> str | None:
     return None if value is None else format_lsn(value)
 
 
+def _archive_error(inst: Instance) -> str | None:
+    """Why wal-push last failed, with any secret removed (its messages hold none: a second defence)."""
+    error = archive_failure(inst.options.archive_failure_file)
+    return inst.credentials.redact(error) if error is not None else None
+
+
 def gather(inst: Instance) -> Status:
     live = query_live(inst)
     state = inst.settings_snapshot()
@@ -208,9 +214,7 @@ def gather(inst: Instance) -> Status:
             pending_restart=live.pending_restart,
             synchronous_standby_names=live.sync,
             archiving_healthy=live.archiving_healthy,
-            archive_error=archive_failure(inst.options.archive_failure_file)
-            if live.archiving_healthy is False
-            else None,
+            archive_error=_archive_error(inst) if live.archiving_healthy is False else None,
             system_identifier=live.system_identifier,
             server_version=live.server_version,
         )
