@@ -193,3 +193,33 @@ def test_engine_memory_a_merge_patch_left_behind_is_not_believed() -> None:
     assert "Operation:" not in text and "fails over" not in text and "abandoned" not in text
     assert "nothing: it watches" in text
     requests.rolling_restart(document["cluster"], phases.NOW)  # not refused for a stale Failover
+
+
+def test_certificates_reported_in_status_name_their_secret_and_no_empty_subject() -> None:
+    # As the operator reports them on localkube: a name and a Secret, no subject.
+    from pgherd.plugin.certificates import from_status
+
+    document = phases.running()
+    document["certificates"] = from_status(
+        [{"name": "server", "notAfter": "2027-02-25T21:05:37Z", "secret": "pg-agent"}]
+    )
+    line = next(line for line in render(summarize(document)).splitlines() if "expires in" in line)
+    assert line == "  server (Secret pg-agent): expires in 420 d (2027-02-25T21:05:37Z)"
+
+
+def test_a_quorum_being_reconfigured_reads_as_a_sentence() -> None:
+    document = phases.running()
+    for condition in document["cluster"]["status"]["conditions"]:
+        if condition["type"] == "QuorumHealthy":
+            condition["message"] = "3 of 3; synchronous standbys changing"
+    text = render(summarize(document))
+    assert "Quorum: pg-0, pg-1, pg-2: 2 needed; 3 of 3 reachable; synchronous standbys changing" in text
+
+
+def test_a_restore_in_progress_shows_its_size_as_a_person_reads_it() -> None:
+    document = phases.restoring()
+    document["restores"][0]["status"] = {
+        "phase": "Restoring",
+        "progress": {"bytesDone": 32034304, "bytesTotal": 64068608},
+    }
+    assert "r1: Restoring (from b1, 50% of 61.1Mi)" in render(summarize(document))

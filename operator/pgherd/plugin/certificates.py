@@ -36,9 +36,7 @@ def from_status(value: object) -> list[CertificateRecord]:
     with a ``notAfter`` (or ``expiresAt``), read leniently."""
     items: list[tuple[str, dict[str, object]]] = []
     if isinstance(value, list):
-        items = [
-            (str(v.get("name") or v.get("secret") or "certificate"), v) for v in value if isinstance(v, dict)
-        ]
+        items = [(_status_name(v), v) for v in value if isinstance(v, dict)]
     elif isinstance(value, dict):
         items = [(str(k), v) for k, v in value.items() if isinstance(v, dict)]
     return [
@@ -52,3 +50,11 @@ def from_status(value: object) -> list[CertificateRecord]:
         )
         for name, v in items
     ]
+
+
+def _status_name(entry: dict[str, object]) -> str:
+    """ "server (Secret hippo-agent)": the operator's name for it, and the Secret that holds it."""
+    name, secret = entry.get("name"), entry.get("secret")
+    if name and secret:
+        return f"{name} (Secret {secret})"
+    return str(name or secret or "certificate")

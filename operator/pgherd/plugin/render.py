@@ -7,10 +7,12 @@ with it. ``verbose`` adds every condition's reason, each member's replayed LSN, 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from pgherd.api.backup import human_size
 from pgherd.engine.view import parse_time
 from pgherd.plugin.explain import ago
 
@@ -174,7 +176,12 @@ def _replication(replication: Mapping[str, Any]) -> list[str]:
         health = replication.get("quorumMessage") or ""
         out.append(
             f"  Quorum: {', '.join(replication['voters'])}: {replication['needed']} needed"
-            + (f"; {health} reachable" if health and replication.get("quorumHealthy") == "True" else "")
+            # The engine's "N of M" (then any note, "; synchronous standbys changing"): reachable ones.
+            + (
+                "; " + re.sub(r"^(\d+ of \d+)", r"\1 reachable", health)
+                if health and replication.get("quorumHealthy") == "True"
+                else ""
+            )
         )
         if replication.get("quorumHealthy") == "False":
             out.append(f"  Quorum LOST: {health}")
@@ -259,7 +266,8 @@ def _restores(restores: Sequence[Mapping[str, Any]]) -> list[str]:
         progress = ""
         if r.get("bytesTotal"):
             progress = (
-                f", {100 * int(r.get('bytesDone') or 0) // int(r['bytesTotal'])}% of {r['bytesTotal']} B"
+                f", {100 * int(r.get('bytesDone') or 0) // int(r['bytesTotal'])}%"
+                f" of {human_size(int(r['bytesTotal']))}"
             )
         error = f": {r['error']}" if r.get("error") else ""
         out.append(f"  {r['name']}: {r['phase']} (from {r.get('from')}{progress}){error}")
@@ -278,7 +286,8 @@ def _certificates(certificates: Sequence[Mapping[str, Any]] | None) -> list[str]
             "expiring": "EXPIRES in {left}",
             "ok": "expires in {left}",
         }.get(c["state"], "expiry unknown")
-        out.append(f"  {c['name']}: {state.format(left=c['left'])} ({c['notAfter'] or '-'}), {c['subject']}")
+        subject = f", {c['subject']}" if c["subject"] else ""
+        out.append(f"  {c['name']}: {state.format(left=c['left'])} ({c['notAfter'] or '-'}){subject}")
     return out
 
 
