@@ -36,6 +36,8 @@ from pgherd_backup.timestamps import now_rfc3339
 log = logging.getLogger("pgherd.kube.actions")
 
 FENCE_TIMEOUT = 30.0
+# The pod of an agent that does not answer: deleted with the shortest grace the kubelet must confirm.
+FENCE_DELETE_GRACE = 1
 JSON = dict[str, Any]
 
 
@@ -256,7 +258,11 @@ async def fence(ctx: ActContext, action: act.Fence) -> None:
         if pod["metadata"].get("deletionTimestamp"):
             return  # going already: the kubelet confirms when its processes are gone
         log.warning("fencing %s: its agent does not answer (%s): deleting its pod", action.member, exc)
-    await ctx.api.delete("Pod", ctx.namespace, action.member, grace_seconds=0, uid=pod["metadata"].get("uid"))
+    # Graceful (1 s, never 0): a grace period of 0 removes the object unconfirmed, and the StatefulSet
+    # would start the member again on its volume while the old PostgreSQL may still run there.
+    await ctx.api.delete(
+        "Pod", ctx.namespace, action.member, grace_seconds=FENCE_DELETE_GRACE, uid=pod["metadata"].get("uid")
+    )
     message = f"{action.member}'s agent does not answer: its pod is deleted, so that nothing of it writes"
     await ctx.event_on(ctx.objects.cluster, act.RecordEvent("Fenced", f"{message}: {action.reason}", True))
 
