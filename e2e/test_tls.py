@@ -24,8 +24,14 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from e2e import manifests
-from e2e.checks import assert_no_acknowledged_write_lost, served_serial, tcp_sessions
-from e2e.driver import Driver, NewCluster, healthy
+from e2e.checks import (
+    StatusRecorder,
+    assert_no_acknowledged_write_lost,
+    served_certificate,
+    served_serial,
+    tcp_sessions,
+)
+from e2e.driver import Driver, NewCluster, healthy, is_healthy
 from e2e.workload import WriteLoad
 
 pytestmark = pytest.mark.e2e
@@ -36,12 +42,18 @@ ROTATE = "pgherd.io/rotate-certificates"
 # On Kubernetes a renewed Secret reaches the pods' files within the kubelet's sync period (about a
 # minute, more under load), then the agent's next check (10 s); the sandbox writes the files itself.
 ROTATION_TIMEOUT = 240.0
+# Short enough for a renewal (at two thirds) to happen during the module; the shortest the API takes.
+LIFETIME = "5m"
 NO_ENCRYPTION = "no encryption"
 
 
 @pytest.fixture(scope="module")
 def cluster(new_cluster: NewCluster, pg_version: int) -> Driver:
-    return new_cluster(manifests.cluster(NAME, postgres_version=pg_version, instances=INSTANCES))
+    return new_cluster(
+        manifests.cluster(
+            NAME, postgres_version=pg_version, instances=INSTANCES, tls={"certificateLifetime": LIFETIME}
+        )
+    )
 
 
 def plain(dsn: str, **changes: str | None) -> str:
@@ -162,3 +174,32 @@ def test_rotated_certificates_are_served_under_load_without_a_failed_write(clust
         assert conn.execute("SELECT 1").fetchone() == (1,)
     walsenders = [s for s in tcp_sessions(cluster) if s["kind"] == "walsender"]
     assert len(walsenders) == INSTANCES - 1 and all(s["ssl"] for s in walsenders), walsenders
+
+
+def test_short_lived_certificates_are_renewed_before_they_expire_and_the_agents_stay_reachable(
+    cluster: Driver,
+) -> None:
+    """With certificateLifetime 5m, the certificate served now is replaced before it expires, by itself,
+    while writes go on; every status sample meanwhile shows every member ready (the operator reaches
+    every agent over TLS: an agent serving an expired certificate would be unreachable to it)."""
+    status = cluster.wait_for(healthy(INSTANCES), 120, "a healthy cluster")
+    member = cluster.member_dsn(str(status["primary"]))
+    first = served_certificate(member)  # verified: valid now
+    expires = first.not_valid_after_utc
+    load = WriteLoad(cluster.rw_dsn).start()
+    try:
+        with StatusRecorder(cluster, interval=1.0) as recorder:
+            while (served := served_certificate(member)).serial_number == first.serial_number:
+                assert datetime.now(UTC) < expires, (
+                    f"the certificate {first.serial_number:x} expired unrenewed"
+                )
+                time.sleep(2.0)
+            load.wait_for_acks(50)
+    finally:
+        report = load.stop()
+    print(f"\nrenewed {expires - datetime.now(UTC)} before expiry; {report.summary()}")
+    assert served.not_valid_after_utc > expires
+    assert not report.failed, f"writes failed during the renewal: {report.failure_windows()}"
+    assert_no_acknowledged_write_lost(cluster, report)
+    unhealthy = [s.status for s in recorder.samples if not is_healthy(s.status, INSTANCES)]
+    assert recorder.samples and not unhealthy, f"members lost during the renewal: {unhealthy[:2]}"

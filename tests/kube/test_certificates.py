@@ -14,7 +14,7 @@ from pgherd.kube import names
 from pgherd.kube.builders import secrets
 from pgherd.kube.loop import certificates_valid
 from pgherd.kube.objects import CertificateCheck, OwnedObjects
-from pgherd_backup.agent.tls import make_server_cert
+from pgherd_backup.agent.tls import certificate_facts, make_server_cert
 
 CLUSTER, NAMESPACE = "demo", "shop"
 NOW = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
@@ -42,7 +42,7 @@ def due(data: dict[str, str], now: datetime, **kwargs: object) -> secrets.Renewa
 
 def test_due_once_two_thirds_of_the_lifetime_have_passed(issuer: dict[str, str]) -> None:
     data = issued(issuer)
-    renew_at = secrets.certificate_facts(data["tls.crt"]).renew_at
+    renew_at = certificate_facts(data["tls.crt"]).renew_at
     # Valid from 5 minutes before NOW for 90 days: two thirds are 60 days and 3 minutes 20 s from then.
     assert renew_at == NOW - timedelta(minutes=5) + (timedelta(days=90, minutes=5) * 2 / 3)
     assert due(data, NOW) is None

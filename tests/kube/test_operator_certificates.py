@@ -22,7 +22,7 @@ from pgherd.kube import metrics, names
 from pgherd.kube.builders import secrets
 from pgherd.kube.builders.common import ClusterRef
 from pgherd_backup.agent.auth import token_digest
-from pgherd_backup.agent.tls import make_server_cert
+from pgherd_backup.agent.tls import certificate_facts, make_server_cert
 
 from .realkube import AuditLog, ChartIdentity, Kube, running_as
 from .test_operator import cluster_manifest, events
@@ -129,9 +129,7 @@ def test_the_agents_secret_carries_the_replication_certificate_and_every_name(
     assert set(records) == {"server", "replication"}
     assert records["server"]["secret"] == "hippo-agent"
     assert records["server"]["notAfter"] == secrets.format_time(expires)
-    assert records["server"]["renewAt"] == secrets.format_time(
-        secrets.certificate_facts(agent["tls.crt"]).renew_at
-    )
+    assert records["server"]["renewAt"] == secrets.format_time(certificate_facts(agent["tls.crt"]).renew_at)
     valid = condition(cluster, "CertificatesValid")
     assert valid is not None and valid["status"] == "True" and valid["reason"] == "Valid", valid
     assert figures == {"server": expires, "replication": not_after(agent["replication.crt"])}

@@ -7,6 +7,7 @@ another cluster's member. Keys are ECDSA P-256: small, and made in milliseconds.
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 import ipaddress
 import logging
@@ -45,6 +46,46 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
+
+
+# A certificate is issued again once two thirds of its lifetime have passed (on Kubernetes and in the
+# sandbox alike): the last third is the time the new one has to reach every member.
+RENEW_AFTER = 2 / 3
+
+
+@dataclass(frozen=True)
+class CertificateFacts:
+    not_before: datetime.datetime
+    not_after: datetime.datetime
+    common_name: str
+    dns_names: frozenset[str]
+
+    @property
+    def lifetime(self) -> datetime.timedelta:
+        return self.not_after - self.not_before
+
+    @property
+    def renew_at(self) -> datetime.datetime:
+        """When two thirds of its lifetime have passed."""
+        return self.not_before + self.lifetime * RENEW_AFTER
+
+
+@functools.lru_cache(maxsize=4096)
+def certificate_facts(pem: str) -> CertificateFacts:
+    """What the renewal rule reads of a PEM certificate (parsed once per certificate: every tick asks)."""
+    cert = x509.load_pem_x509_certificate(pem.encode())
+    common = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    try:
+        alt = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        dns = frozenset(alt.get_values_for_type(x509.DNSName))
+    except x509.ExtensionNotFound:
+        dns = frozenset()
+    return CertificateFacts(
+        cert.not_valid_before_utc,
+        cert.not_valid_after_utc,
+        str(common[0].value) if common else "",
+        dns,
+    )
 
 
 def _validity(
@@ -237,10 +278,11 @@ def issue(
     dns: Iterable[str] = (),
     headless_service: str | None = None,
     clients: Iterable[str] = (),
+    lifetime: datetime.timedelta | None = None,
 ) -> IssuedFiles:
     """Files in `out` (0700, each 0600): `ca.crt`, `ca.key` (kept when they exist, so that members
     added later share the CA), `<member>.crt`, `<member>.key` and `<user>.client.crt`,
-    `<user>.client.key` for each client user (made again each time)."""
+    `<user>.client.key` for each client user (made again each time, valid for `lifetime`)."""
     out.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(out, 0o700)
     ca_cert, ca_key = out / "ca.crt", out / "ca.key"
@@ -258,13 +300,16 @@ def issue(
             ips=ips,
             dns=dns,
             headless_service=headless_service,
+            lifetime=lifetime,
         )
         write_private(out / f"{member}.key", key_pem)
         write_private(out / f"{member}.crt", cert_pem)
         issued[member] = (out / f"{member}.crt", out / f"{member}.key")
     client_files: dict[str, tuple[Path, Path]] = {}
     for user in clients:
-        cert_pem, key_pem = make_client_cert(ca_cert.read_bytes(), ca_key.read_bytes(), user)
+        cert_pem, key_pem = make_client_cert(
+            ca_cert.read_bytes(), ca_key.read_bytes(), user, lifetime=lifetime
+        )
         paths = (out / f"{user}.client.crt", out / f"{user}.client.key")
         write_private(paths[1], key_pem)
         write_private(paths[0], cert_pem)

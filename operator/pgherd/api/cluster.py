@@ -456,9 +456,10 @@ class NetworkPolicy(ApiModel):
     )
 
 
-# spec.tls.certificateLifetime: hours, days or weeks (no minutes: an hour at least). At most 825 days,
-# the longest validity clients commonly accept for a server certificate.
-CERTIFICATE_LIFETIME_PATTERN = r"^[1-9][0-9]{0,5}(h|d|w)$"
+# spec.tls.certificateLifetime: minutes (5 at least: a renewal at two thirds leaves the kubelet over 3
+# minutes to bring it to the pods), hours, days or weeks. At most 825 days, the longest validity clients
+# commonly accept for a server certificate.
+CERTIFICATE_LIFETIME_PATTERN = r"^(([5-9]|[1-9][0-9]{1,5})m|[1-9][0-9]{0,5}(h|d|w))$"
 CERTIFICATE_LIFETIME = "90d"
 CERTIFICATE_LIFETIME_MAX = timedelta(days=825)
 
@@ -474,8 +475,9 @@ class Tls(ApiModel):
         pattern=CERTIFICATE_LIFETIME_PATTERN,
         description=(
             "How long each certificate pgherd issues (the members' server certificate, the replication"
-            " client certificate) is valid: e.g. 90d (the default), 2160h, 12w; 1h at least, 825d at most."
-            " Renewed when two thirds of it have passed; the members reload it without a restart."
+            " client certificate, the agents') is valid: e.g. 90d (the default), 2160h, 12w; 5m at least"
+            " (minutes are for watching renewals in a test), 825d at most. Renewed when two thirds of it"
+            " have passed; the members reload it without a restart."
         ),
     )
     min_protocol_version: TlsVersion = Field(

@@ -197,6 +197,11 @@ def _register_certs(commands: argparse._SubParsersAction[argparse.ArgumentParser
         metavar="USER",
         help="a PostgreSQL role to make a client certificate for, <USER>.client.crt (repeat)",
     )
+    p.add_argument(
+        "--lifetime",
+        metavar="DURATION",
+        help="how long the certificates are valid: 90d, 12h, 5m (default 825d)",
+    )
     p.set_defaults(func=_certs)
 
 
@@ -283,6 +288,7 @@ def _certs(args: argparse.Namespace) -> int:
     from pgherd_backup.agent.auth import token_digest
     from pgherd_backup.agent.credentials import ensure_secret
     from pgherd_backup.agent.tls import issue, write_private
+    from pgherd_backup.retention import parse_duration
 
     issued = issue(
         args.out,
@@ -292,6 +298,7 @@ def _certs(args: argparse.Namespace) -> int:
         dns=args.dns,
         headless_service=args.headless_service,
         clients=args.client,
+        lifetime=parse_duration(args.lifetime) if args.lifetime else None,
     )
     secrets = {}
     for name in ("token", "superuser-password", "replication-password"):

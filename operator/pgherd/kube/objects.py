@@ -47,6 +47,7 @@ from pgherd.kube.builders import (
     statefulset,
 )
 from pgherd.kube.builders.statefulset import quantity
+from pgherd_backup.agent.tls import CertificateFacts, certificate_facts
 
 if TYPE_CHECKING:
     from pgherd.kube.loop import OperatorConfig
@@ -692,9 +693,9 @@ async def delete_volumes(api: KubeApi, cluster: str, pvcs: list[JSON]) -> list[s
     return deleted
 
 
-def _facts(pem: str | None) -> secrets.CertificateFacts | None:
+def _facts(pem: str | None) -> CertificateFacts | None:
     try:
-        return secrets.certificate_facts(pem) if pem else None
+        return certificate_facts(pem) if pem else None
     except ValueError:
         return None
 

@@ -31,7 +31,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from pgherd.agentview import fetch_statuses, member_view, port_resolver
-from pgherd.api.annotations import ROTATE_CERTIFICATES, restart_request, upgrade_requests
+from pgherd.api.annotations import restart_request, upgrade_requests
 from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.engine import actions as act
 from pgherd.engine.view import ClusterView, MemberView
@@ -242,13 +242,14 @@ class LocalPlatform:
                 self._start_pod(member, spec)
 
     def rotate_certificates(self, request: str | None, spec: PostgresClusterSpec) -> None:
-        """The annotation pgherd.io/rotate-certificates: new certificates for a value not seen before."""
-        if self.credentials.rotate(request):
+        """New certificates, as on Kubernetes: for a value of pgherd.io/rotate-certificates not seen
+        before, once two thirds of their lifetime have passed, or for a shorter certificateLifetime."""
+        why = self.credentials.renew(request, spec.tls.lifetime, datetime.now(UTC))
+        if why is not None:
             self._do_RecordEvent(
                 act.RecordEvent(
                     "CertificatesRenewed",
-                    f"issued the members' and the replication certificates again: asked for by"
-                    f" {ROTATE_CERTIFICATES}={request}",
+                    f"issued the members' and the replication certificates again: {why}",
                 ),
                 spec,
             )

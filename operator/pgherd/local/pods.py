@@ -17,12 +17,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
 from pathlib import Path
 
+from pgherd.api.annotations import ROTATE_CERTIFICATES
 from pgherd.local.layout import SandboxPaths
 from pgherd.local.state import SandboxState
 from pgherd_backup.agent.client import AgentClient
-from pgherd_backup.agent.tls import write_private
+from pgherd_backup.agent.tls import certificate_facts, write_private
 from pgherd_backup.postgres import postmaster
 
 # Every ordinal the cluster may use gets a certificate at once: members added later need no new CA.
@@ -86,11 +88,14 @@ class Credentials:
         """The value of pgherd.io/rotate-certificates the certificates were last issued for."""
         return self.folder / "rotated-for"
 
-    def _issue(self) -> None:
-        """Every member's certificate and the replication account's, issued (again) by the CA in place."""
+    def _issue(self, lifetime: timedelta | None = None) -> None:
+        """Every member's certificate and the replication account's, issued (again) by the CA in place,
+        valid for `lifetime` (spec.tls.certificateLifetime)."""
         names = [f"{self.state.cluster}-{i}" for i in range(MAX_MEMBERS)]
         command = [*pgherd_command(), "instance", "certs", "--cluster", self.state.cluster]
         command += ["--out", str(self.folder)]
+        if lifetime is not None:
+            command += ["--lifetime", f"{int(lifetime.total_seconds())}s"]
         for name in names:
             command += ["--member", name]
         command += ["--client", REPLICATION_USER]
@@ -98,21 +103,38 @@ class Credentials:
         if result.returncode != 0:
             raise RuntimeError(f"pgherd instance certs failed: {result.stderr.strip()[-500:]}")
 
-    def rotate(self, request: str | None) -> bool:
-        """pgherd.io/rotate-certificates, as on Kubernetes: for a value not seen at the last renewal,
-        the members' and the replication account's certificates are issued again (the CA and token
-        kept) in place, where the agents pick them up without a restart. True when it did."""
-        if request is None:
-            return False
-        if self.rotated_for.exists() and self.rotated_for.read_text().strip() == request:
-            return False
-        self._issue()
-        write_private(self.rotated_for, (request + "\n").encode())
-        return True
+    def renewal(self, request: str | None, lifetime: timedelta, now: datetime) -> str | None:
+        """Why the certificates must be issued again, as on Kubernetes, or None: asked for by a value of
+        pgherd.io/rotate-certificates not seen at the last renewal, two thirds of their lifetime
+        passed, or valid longer than `lifetime` now asks."""
+        if request is not None and not (
+            self.rotated_for.exists() and self.rotated_for.read_text().strip() == request
+        ):
+            return f"asked for by {ROTATE_CERTIFICATES}={request}"
+        facts = [
+            certificate_facts(path.read_text())
+            for path in (self.cert(f"{self.state.cluster}-0")[0], self.replication_cert)
+        ]
+        if any(now >= f.renew_at for f in facts):
+            return "two thirds of their lifetime have passed"
+        if any(f.not_after - now > lifetime for f in facts):
+            return f"valid longer than the certificateLifetime of {lifetime}"
+        return None
 
-    def ensure(self) -> None:
+    def renew(self, request: str | None, lifetime: timedelta, now: datetime) -> str | None:
+        """The members' and the replication account's certificates issued again (the CA and token kept)
+        in place, where the agents pick them up without a restart, when `renewal` says why: the why."""
+        why = self.renewal(request, lifetime, now)
+        if why is None:
+            return None
+        self._issue(lifetime)
+        if request is not None:
+            write_private(self.rotated_for, (request + "\n").encode())
+        return why
+
+    def ensure(self, lifetime: timedelta | None = None) -> None:
         if not (self.folder / "token").exists() or not self.replication_cert.exists():
-            self._issue()
+            self._issue(lifetime)
         # The sandbox's passwords (sandbox.json) are the ones its DSNs print: the agents use them.
         for path, value in (
             (self.superuser_password, self.state.superuser_password),

@@ -31,7 +31,6 @@ from datetime import UTC, datetime, timedelta
 from urllib.parse import quote
 
 from cryptography import x509
-from cryptography.x509.oid import NameOID
 
 from pgherd.api.annotations import ROTATE_CERTIFICATES
 from pgherd.api.cluster import MAX_INSTANCES, Tls
@@ -39,13 +38,17 @@ from pgherd.kube import names
 from pgherd.kube.builders.common import ClusterRef, Manifest, app_account, metadata
 from pgherd.kube.usercerts import ClientCA, issued_by
 from pgherd_backup.agent.auth import token_digest
-from pgherd_backup.agent.tls import make_ca, make_client_cert, make_server_cert
+from pgherd_backup.agent.tls import (
+    certificate_facts,
+    make_ca,
+    make_client_cert,
+    make_server_cert,
+)
 
 DEFAULT_LIFETIME = Tls().lifetime
 
 # A certificate is issued again once this share of its lifetime has passed (a third of it left: 30 days
 # of the default 90), time enough for a failed renewal to be seen (an alert, a condition) and fixed.
-RENEW_AFTER = 2 / 3
 # A certificate valid this much longer than spec.tls.certificateLifetime asks is issued again (a lifetime
 # made shorter; the 825-day certificates of before): the start's 5 minutes back are not a difference.
 LIFETIME_SLACK = timedelta(hours=1)
@@ -197,41 +200,6 @@ def agent_server_hostname(cluster: str, member: str, namespace: str) -> str:
     <namespace>.svc`, which the certificate's first wildcard covers. It ties the answer to this
     cluster's CA and this cluster's headless Service; the pod IP itself is never in a certificate."""
     return names.member_host(cluster, member, namespace)
-
-
-@dataclass(frozen=True)
-class CertificateFacts:
-    not_before: datetime
-    not_after: datetime
-    common_name: str
-    dns_names: frozenset[str]
-
-    @property
-    def lifetime(self) -> timedelta:
-        return self.not_after - self.not_before
-
-    @property
-    def renew_at(self) -> datetime:
-        """When two thirds of its lifetime have passed."""
-        return self.not_before + self.lifetime * RENEW_AFTER
-
-
-@functools.lru_cache(maxsize=4096)
-def certificate_facts(pem: str) -> CertificateFacts:
-    """What the renewal rule reads of a PEM certificate (parsed once per certificate: every tick asks)."""
-    cert = x509.load_pem_x509_certificate(pem.encode())
-    common = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    try:
-        alt = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-        dns = frozenset(alt.get_values_for_type(x509.DNSName))
-    except x509.ExtensionNotFound:
-        dns = frozenset()
-    return CertificateFacts(
-        cert.not_valid_before_utc,
-        cert.not_valid_after_utc,
-        str(common[0].value) if common else "",
-        dns,
-    )
 
 
 @functools.lru_cache(maxsize=1024)
