@@ -665,6 +665,15 @@ def test_version_names_the_plugin_and_the_operator(admin: Path, namespace: str, 
     assert f"operator 0.1.0: {OPERATOR_NS}/pgherd, image ghcr.io/pgherd/pgherd:0.1.0, 1/1 ready" in lines
 
 
+def test_version_without_the_right_to_list_deployments_still_names_the_plugin(
+    kube: Kube, namespace: str, control_plane: apiserver_only.ControlPlane, tmp_path: Path
+) -> None:
+    nobody = kubeconfig_for(control_plane, kube, namespace, "nobody", tmp_path / "nobody")
+    refused = run(nobody, namespace, "version", check=1)
+    assert refused.stdout.splitlines() == ["kubectl-pgherd 0.1.0"]
+    assert error_line(refused).startswith("error: the operator's version is unknown: no permission to list")
+
+
 def test_a_missing_kubeconfig_is_one_line(tmp_path: Path) -> None:
     result = run(tmp_path / "none", "default", "status", "pg", check=1)
     assert (

@@ -63,7 +63,10 @@ def lines(kube: Kube | None) -> tuple[list[str], str | None]:
     out = [f"kubectl-pgherd {__version__}"]
     if kube is None:
         return out, None
-    found = operator_records(kube)
+    try:
+        found = operator_records(kube)
+    except PluginError as exc:  # e.g. no right to list Deployments: the plugin's own version still told
+        return out, f"the operator's version is unknown: {exc}"
     if not found:
         return out, f"no pgherd operator found (no Deployment labelled {OPERATOR_SELECTOR} in any namespace)"
     for op in found:
