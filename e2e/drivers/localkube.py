@@ -38,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -57,10 +57,10 @@ from e2e.drivers.kube import (
     kubectl_binary,
     store_at,
 )
-from e2e.localkube import s3
+from e2e.localkube import partition, s3
 from e2e.localkube.processes import stop
 from e2e.localkube.prometheus_binaries import prometheus_bin
-from e2e.localkube.settings import Layout
+from e2e.localkube.settings import Layout, Settings
 from e2e.localkube.state import State
 from e2e.rbac import Grant, bound_grants
 
@@ -320,9 +320,39 @@ class LocalKubeDriver(KubeDriver):
             lines.extend(f"    {line}" for line in logs.stdout.splitlines())
         return "\n".join(lines)
 
+    # -- partitions --------------------------------------------------------------------------------------
+
+    def addresses(self, name: str) -> list[str]:
+        """The addresses behind a name of a partition group: a member (its pod's IP), "operator" (the
+        operator's pods) or "node" (the node: the API server, the kubelet, DNS, S3, this host's clients)."""
+        if name == "node":
+            return [Settings.from_json(self.localkube.state["settings"]).node_ip]
+        if name == "operator":
+            pods = self.kube.json(
+                "-n", self.operator_namespace, "get", "pods", "-l",
+                "app.kubernetes.io/name=pgherd,app.kubernetes.io/component=operator",
+            )["items"]  # fmt: skip
+            found = [str(p["status"]["podIP"]) for p in pods if (p.get("status") or {}).get("podIP")]
+        else:
+            ip = (self.get("pods", name).get("status") or {}).get("podIP")
+            found = [str(ip)] if ip else []
+        if not found:
+            raise DriverError(f"{name!r} has no address to cut off")
+        return found
+
+    def partition(self, groups: Sequence[Iterable[str]]) -> None:
+        """Packets dropped, both ways, between every two groups of names (members, "operator", "node"):
+        silence, as a real partition is (e2e/localkube/partition.py). The addresses are those of now: a
+        pod made again later has a new one. A name in no group reaches everyone."""
+        partition.partition([[a for name in group for a in self.addresses(name)] for group in groups])
+
+    def heal(self) -> None:
+        partition.heal()
+
     def down(self, *, keep: bool = False) -> None:
         """The scenario's namespace deleted without waiting for it to go: its pods stop in their grace
         periods while the next scenario starts (16 s a module otherwise); the session's cluster goes
-        with everything in it."""
+        with everything in it. A partition left by a failed scenario is healed first."""
+        partition.heal()
         if not keep:
             self.kube.run("delete", "namespace", self.namespace, "--wait=false", check=False, timeout=60)

@@ -11,7 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from e2e.localkube import host, lock, netpol
+from e2e.localkube import host, lock, netpol, partition
 from e2e.localkube.processes import kill, processes_matching, stop
 from e2e.localkube.settings import Layout
 from e2e.localkube.state import State
@@ -80,6 +80,7 @@ def teardown(layout: Layout, state: State) -> list[str]:
         host.remove_kubelet_chains()
     if state.data.get("bridge"):
         netpol.remove_rules()
+        partition.heal()
     host.unmount_under(layout.root)
     if settings is not None and state.data.get("bridge"):
         host.remove_bridge(settings.bridge)
@@ -105,6 +106,7 @@ def leftovers(layout: Layout, state: State) -> list[str]:
         found += [f"cgroup process {pid}" for pid in host.cgroup_pids(settings)]
     found += [f"iptables: {rule}" for rule in host.kube_rules()]
     found += [f"ipset {name}" for name in netpol.ipsets()]
+    found += [f"iptables raw: {rule}" for rule in partition.rules()]
     return found
 
 
