@@ -37,7 +37,12 @@ JSON = dict[str, Any]
 NS = "shop"
 SERVER_SECRET = "hippo-server-tls"
 CLIENT_CA_SECRET = "hippo-client-ca"
-NOW = datetime.now(UTC)
+
+
+def now() -> datetime:
+    """Read at each check: the module is imported at collection, minutes before its tests run in a full
+    session, and the test CA's certificates are valid from 5 minutes before they are made."""
+    return datetime.now(UTC)
 
 
 def values(secret: JSON) -> dict[str, str]:
@@ -67,7 +72,7 @@ def server_secret(ca: TestCA, namespace: str = NS, **options: Any) -> JSON:
 
 def check_server(secret: JSON | None, instances: int = 3) -> usercerts.ServerCertificate | usercerts.Problem:
     return usercerts.check_server(
-        SERVER_SECRET, secret, cluster="hippo", namespace=NS, instances=instances, now=NOW
+        SERVER_SECRET, secret, cluster="hippo", namespace=NS, instances=instances, now=now()
     )
 
 
@@ -124,7 +129,7 @@ def test_each_way_a_server_secret_fails_is_named(ca: TestCA) -> None:
     mixed = server_secret(ca)
     mixed["data"]["tls.key"] = server_secret(ca)["data"]["tls.key"]  # another certificate's key
     refused("KeyMismatch", "tls.key is not the key of tls.crt")(check_server(mixed))
-    expired = server_secret(ca, not_before=NOW - timedelta(days=40))
+    expired = server_secret(ca, not_before=now() - timedelta(days=40))
     refused("Expired", "expired at")(check_server(expired))
     lacking = ca.server(["hippo-rw", f"hippo-rw.{NS}.svc"]).secret(SERVER_SECRET)
     refused("NamesMissing", f"hippo-rw.{NS}", "hippo-ro")(check_server(lacking))
@@ -150,7 +155,7 @@ def client_ca_secret(issued: Issued, **options: Any) -> JSON:
 
 
 def check_client(secret: JSON | None) -> usercerts.ClientCA | usercerts.Problem:
-    return usercerts.check_client_ca(CLIENT_CA_SECRET, secret, namespace=NS, now=NOW)
+    return usercerts.check_client_ca(CLIENT_CA_SECRET, secret, namespace=NS, now=now())
 
 
 def test_a_client_ca_signs_the_replication_certificate(ca: TestCA) -> None:
@@ -344,7 +349,9 @@ def test_a_bad_secret_is_reported_and_never_installed(
         put_secret(
             kube,
             ns,
-            ca.server(cluster_names("hippo", ns), not_before=NOW - timedelta(days=40)).secret(SERVER_SECRET),
+            ca.server(cluster_names("hippo", ns), not_before=now() - timedelta(days=40)).secret(
+                SERVER_SECRET
+            ),
         )
         eventually(lambda: condition_is(kube, ns, "False", "Expired"), what="Expired")
         assert agent_data(kube, ns)["postgres.crt"] == good.secret_data()["tls.crt"]
@@ -366,12 +373,16 @@ def test_a_bad_secret_is_reported_and_never_installed(
 
 
 def plan_for(
-    spec: JSON, current: dict[str, str], user: UserCertificates, issuer: dict[str, str], at: datetime = NOW
+    spec: JSON,
+    current: dict[str, str],
+    user: UserCertificates,
+    issuer: dict[str, str],
+    at: datetime | None = None,
 ) -> AgentUpdate | None:
     owned = OwnedObjects(api=None, config=OperatorConfig())  # type: ignore[arg-type]  # _plan makes no request
     owned._issuer = issuer
     ref = ClusterRef("hippo", NS, "uid", PostgresClusterSpec.model_validate(spec), "image", "rev")
-    return owned._plan(ref, {"metadata": {}, "data": encoded(current)}, None, at, user)
+    return owned._plan(ref, {"metadata": {}, "data": encoded(current)}, None, at or now(), user)
 
 
 def encoded(data: dict[str, str]) -> dict[str, str]:
@@ -395,7 +406,7 @@ def test_what_is_installed_stays_while_the_users_secrets_fail(ca: TestCA) -> Non
     # the agents' certificate is issued again; PostgreSQL's files and the replication certificate stay.
     gone = usercerts.Problem(SERVER_SECRET, "SecretMissing", "gone")
     broken = usercerts.Problem(CLIENT_CA_SECRET, "KeysMissing", "no key")
-    later = plan_for(named, installed, UserCertificates(gone, broken), issuer, NOW + timedelta(days=61))
+    later = plan_for(named, installed, UserCertificates(gone, broken), issuer, now() + timedelta(days=61))
     assert later is not None and later.renewal is not None and later.renewal.reason == "Due"
     assert later.data["tls.crt"] != installed["tls.crt"]
     for key in ("postgres.crt", "postgres.key", "postgres-ca.crt", "client-ca.crt", "replication.crt"):
