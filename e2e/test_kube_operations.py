@@ -361,8 +361,16 @@ def test_a_backup_whose_store_refuses_fails_with_a_condition_and_an_event(bed: B
 
     condition = eventually(refused_condition, what="LastBackupSucceeded False")
     assert "refused" in condition["message"]
-    events = eventually(lambda: bed.events("BackupFailed"), what="a BackupFailed Event")
+    # On the Backup (`kubectl describe pgbackup refused`), and on the cluster too (`kubectl describe pgc`).
+    events = eventually(
+        lambda: [e for e in bed.events("BackupFailed") if e["regarding"]["kind"] == "Backup"],
+        what="a BackupFailed Event on the Backup",
+    )
     assert [e["type"] for e in events] == ["Warning"] and events[0]["regarding"]["name"] == "refused"
+    on_cluster = [e for e in bed.events("BackupFailed") if e["regarding"]["kind"] == "PostgresCluster"]
+    assert on_cluster and all(e["type"] == "Warning" and "refused" in e["note"] for e in on_cluster), (
+        on_cluster
+    )
     bed.wait_settled()  # the operator goes on
 
 

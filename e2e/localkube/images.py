@@ -127,17 +127,19 @@ def ctr(layout: Layout, *args: str) -> str:
 
 def import_archive(layout: Layout, archive: Path, name: str, *extra_names: str) -> None:
     """Import an OCI archive as `name` (its index kept under that name, whatever the archive's own
-    annotations say), then give it `extra_names` too. Tried three times: once, right after the archive
-    was written anew, containerd 1.6 refused it ("content digest sha256:...: not found") and took the
-    same file at the next attempt."""
-    for attempt in range(3):
+    annotations say), then give it `extra_names` too. Right after the archive was written anew,
+    containerd 1.6 may refuse it ("content digest sha256:...: not found"): once it took the same file at
+    the next attempt, once (2026-11-27) it refused three attempts in 6 s and took it a minute later.
+    Tried for up to about two minutes, waiting longer each time."""
+    for delay in (2, 4, 8, 15, 30, 60, None):
         try:
             ctr(layout, "images", "import", "--index-name", name, str(archive))
             break
         except ImageError as exc:
-            if attempt == 2 or "not found" not in str(exc):
+            if delay is None or "not found" not in str(exc):
                 raise
-            time.sleep(2)
+            print(f"localkube: containerd refused the image ({exc}); again in {delay} s", flush=True)
+            time.sleep(delay)
     for extra in extra_names:
         ctr(layout, "images", "tag", "--force", name, extra)
 
