@@ -35,7 +35,10 @@ typecheck: $(STAMP)
 ## sandbox, the `local` driver), then the e2e scenarios again on a real single-node Kubernetes on this
 ## machine, the chart's operator included (the `localkube` driver: python -m e2e.localkube, docs/e2e.md).
 test: setup setup-kube lint typecheck
-	PATH="$(CURDIR)/.tools/bin:$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest
+	# The engine's property search in an interpreter of its own: its derandomized search reaches the
+	# same sequences only from a fresh process (after the rest of the suite it explored others).
+	$(BIN)/pytest tests/engine/test_properties.py
+	PATH="$(CURDIR)/.tools/bin:$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest --ignore=tests/engine/test_properties.py
 	PATH="$(CURDIR)/.tools/bin:$(CURDIR)/$(BIN):$$PATH" PGHERD_E2E_DRIVER=localkube $(BIN)/pytest e2e
 
 ## make demo: the sandbox tour on real PostgreSQL processes (no Kubernetes needed).
