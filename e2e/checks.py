@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import socket
@@ -9,7 +10,7 @@ import ssl
 import struct
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -208,3 +209,25 @@ class StatusRecorder:
                 changes.append((s.at, previous, primary))
             previous = primary
         return changes
+
+
+# Secret keys that hold nothing secret (a user name, certificates).
+PUBLIC_KEYS = ("username", "tls.crt", "ca.crt")
+
+
+def secret_values(secrets: Iterable[Mapping[str, Any]]) -> set[bytes]:
+    """What a report or a log must never hold: every value of `secrets` but the public ones, as stored
+    (base64) and decoded, and each long line of a decoded one (a PEM key's body)."""
+    values: set[bytes] = set()
+    for secret in secrets:
+        for key, encoded in (secret.get("data") or {}).items():
+            if key in PUBLIC_KEYS:
+                continue
+            plain = base64.b64decode(encoded)
+            values |= {plain, encoded.encode()}
+            values |= {
+                line.encode()
+                for line in plain.decode().splitlines()
+                if len(line) > 16 and "-----" not in line
+            }
+    return values

@@ -12,7 +12,6 @@ API server without a node, and without pods: tests/plugin/test_real_api.py.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import subprocess
@@ -26,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from e2e import manifests
-from e2e.checks import insert_ids
+from e2e.checks import insert_ids, secret_values
 from e2e.driver import NewCluster, healthy
 from e2e.drivers.kube import KubeDriver
 from e2e.workload import present_ids
@@ -42,7 +41,6 @@ pytestmark = [
 
 NAME = "e2e-plugin"
 BACKUP = "e2e-plugin-before"
-PUBLIC_KEYS = ("username", "tls.crt", "ca.crt")  # Secret keys that are no secret
 SCRIPT = Path(sys.executable).parent / "kubectl-pgherd"
 
 
@@ -158,22 +156,11 @@ def test_one_member_restart_wait(cluster: KubeDriver) -> None:
     assert f"{replica} restarted and ready" in done.stdout
 
 
-def secret_values(cluster: KubeDriver) -> set[bytes]:
-    """Every value of every Secret of the cluster's namespace (the passwords, the agent's token and keys,
-    the S3 keys), as stored and decoded, and each long line of a decoded one (a PEM key's body)."""
-    values: set[bytes] = set()
-    for secret in cluster.kube.json("-n", cluster.namespace, "get", "secrets")["items"]:
-        for key, encoded in (secret.get("data") or {}).items():
-            if key in PUBLIC_KEYS:
-                continue
-            plain = base64.b64decode(encoded)
-            values |= {plain, encoded.encode()}
-            values |= {
-                line.encode()
-                for line in plain.decode().splitlines()
-                if len(line) > 16 and "-----" not in line
-            }
-    return {v for v in values if len(v) >= 8}
+def namespace_secret_values(cluster: KubeDriver) -> set[bytes]:
+    """Every secret value of the cluster's namespace (the passwords, the agent's token and keys, the S3
+    keys), at least 8 bytes long."""
+    items = cluster.kube.json("-n", cluster.namespace, "get", "secrets")["items"]
+    return {v for v in secret_values(items) if len(v) >= 8}
 
 
 def test_report_bundles_the_members_logs_and_no_secret(cluster: KubeDriver, tmp_path: Path) -> None:
@@ -184,7 +171,7 @@ def test_report_bundles_the_members_logs_and_no_secret(cluster: KubeDriver, tmp_
     names = {name.split("/", 1)[1] for name in files}
     assert {f"logs/members/{NAME}-{i}.postgres.log" for i in range(3)} <= names
     assert any(name.startswith("logs/operator/") for name in names)
-    values = secret_values(cluster)
+    values = namespace_secret_values(cluster)
     assert len(values) > 10, "the namespace's Secrets were not read"
     leaked = [(path, v[:6]) for path, content in files.items() for v in values if v in content]
     assert not leaked, f"Secret values in the bundle: {leaked}"

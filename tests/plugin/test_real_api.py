@@ -25,6 +25,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from e2e.checks import secret_values
 from e2e.localkube import apiserver_only
 
 from kube.realkube import Kube
@@ -35,7 +36,6 @@ from . import phases
 SCRIPT = Path(sys.executable).parent / "kubectl-pgherd"
 OPERATOR_NS = "pgherd-plugin-op"
 # Secret keys whose values are no secret: account names, and the certificates (public by design).
-PUBLIC_KEYS = ("username", "tls.crt", "ca.crt")
 JSON = dict[str, Any]
 SPEC = {
     "instances": 3,
@@ -624,18 +624,7 @@ def test_report_holds_no_secret_value(
     make_cluster(kube, namespace, phases.running())
     make_secrets(kube, namespace)
     event(kube, namespace, "SwitchedOver", "switched over to pg-1")
-    values: set[bytes] = set()
-    for secret in kube.items("secrets", namespace):
-        for key, encoded in (secret.get("data") or {}).items():
-            if key in PUBLIC_KEYS:
-                continue
-            plain = base64.b64decode(encoded)
-            values |= {plain, encoded.encode()}
-            values |= {
-                line.encode()
-                for line in plain.decode().splitlines()
-                if len(line) > 16 and "-----" not in line
-            }
+    values = secret_values(kube.items("secrets", namespace))
     assert len(values) > 20
     for name in ("bundle.tar.gz", "bundle.zip"):
         said = run(admin, namespace, "report", "pg", "-o", str(tmp_path / name)).stdout
