@@ -150,8 +150,17 @@ def test_every_member_and_the_operator_are_scraped(cluster: LocalKubeDriver, pro
         lambda: prometheus.value(f"pgherd_cluster_members{selector(cluster)}"),
         SCRAPE_WAIT,
     ) == float(INSTANCES)
-    assert prometheus.value(f"pgherd_cluster_phase{selector(cluster, phase='Running')}") == 1.0
-    assert prometheus.value(f'max(pgherd_leader{{job="{OPERATOR_JOB}"}})') == 1.0
+    # The operator's gauges are those of its last scrape, which may predate the phase the status shows.
+    eventually(
+        "the operator's pgherd_cluster_phase Running 1",
+        lambda: prometheus.value(f"pgherd_cluster_phase{selector(cluster, phase='Running')}") == 1.0,
+        SCRAPE_WAIT,
+    )
+    eventually(
+        "one operator replica leads",
+        lambda: prometheus.value(f'max(pgherd_leader{{job="{OPERATOR_JOB}"}})') == 1.0,
+        SCRAPE_WAIT,
+    )
 
 
 def test_a_healthy_cluster_fires_no_alert(cluster: LocalKubeDriver, prometheus: Prometheus) -> None:
