@@ -20,6 +20,10 @@ The model is no kinder than a real platform:
 - a stop can time out and be killed (``stop_hangs``): no WAL handed to the standbys, an unclean
   shutdown whose final WAL end the platform cannot read exactly;
 - a replica's "streaming" sample can be wrong for one observation (``flap``);
+- a partition is silence, not a reset: a replica whose upstream (or itself) is isolated receives
+  nothing, yet its receiver says streaming until wal_receiver_timeout (the real settings, from
+  replication_timing), reporting only how long the upstream has been silent (``silent_since``); a live
+  upstream is reported silent for up to half that timeout (its heartbeat);
 - the operator can be cut off from any or all members while they still see each other (``partitioned``);
 - a volume can be lost (``wipe``): the only evidence that allows an automatic restore; the fence kept
   on it goes with it, and the member's new pod starts empty and waits for the operator to seed it;
@@ -49,6 +53,7 @@ from pgherd.engine.view import (
     Role,
     member_name,
 )
+from pgherd_backup.postgres.parameters import replication_timing
 
 CLUSTER = "pg"
 START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -67,6 +72,9 @@ class Node:
     pod_up: bool = True  # its agent runs (the platform reaches it unless isolated); False: pod lost
     partitioned: bool = False  # operator cannot reach it; replication unaffected
     isolated: bool = False  # nothing reaches it, not even the platform
+    # Its pod's network is cut (from the operator and the other members) but its node's kubelet still
+    # runs it: a fence lands by pod deletion; replication to and from it is silence.
+    net_cut: bool = False
     fenced: bool = False  # the platform's flag: a Fence was asked and not undone
     fence_pending: bool = False  # asked, not yet carried out: still running
     shutdown_clean: bool | None = None  # how it last stopped
@@ -76,12 +84,18 @@ class Node:
     receive_start: int | None = None  # restarted receiver: reports this segment start until it streams
     stop_hangs: bool = False  # its next shutdown times out and the platform kills it
     flapped: bool = False  # the next observation reports its streaming state wrongly
+    silent_since: datetime | None = None  # its upstream went silent (isolated) under a live receiver
     data_lost: bool = False
     terminating: bool = False  # its pod is being deleted: stopped (cleanly) by end_terminations
     sync: SyncConfig = field(default_factory=SyncConfig)
     kept_aside: int = 0
     major: int = 16  # the major of its data directory
     last_action: ActionEnd | None = None  # how its last upgrade check / upgrade ended
+
+    @property
+    def silenced(self) -> bool:
+        """Nothing of it reaches the other members, and the operator's calls to its agent time out."""
+        return self.isolated or self.net_cut
 
     @property
     def writable(self) -> bool:
@@ -98,6 +112,9 @@ class ModelCluster:
         self.spec = spec
         self.fence_lags = fence_lags
         self.now = START
+        # wal_receiver_timeout / 2, as the members are configured for this detectionSeconds.
+        timeout = replication_timing(spec.failover.detection_seconds)["wal_receiver_timeout"]
+        self.heartbeat = int(timeout.removesuffix("s")) / 2
         self.nodes: dict[str, Node] = {}
         self.next_commit = 1
         self.next_timeline = 2
@@ -131,23 +148,38 @@ class ModelCluster:
 
     # ---- observation -------------------------------------------------------------------------
     def reachable(self, node: Node) -> bool:
-        return node.running and not node.partitioned and not node.isolated
+        return node.running and not node.partitioned and not node.silenced
 
-    def streaming(self, node: Node) -> bool:
+    def streaming(self, node: Node, through_silence: bool = False) -> bool:
+        """WAL really arrives from its upstream; `through_silence`: it would, were neither isolated."""
         up = self.nodes.get(node.upstream or "")
         return (
             node.running
-            and not node.isolated
+            and (through_silence or not node.silenced)
             and node.role is Role.REPLICA
             and not node.fenced
             and up is not None
             and up.name != node.name
             and up.writable
-            and not up.isolated
+            and (through_silence or not up.silenced)
             and node.timeline <= up.timeline
             and node.major == up.major
             and up.wal[: len(node.wal)] == node.wal
         )
+
+    def receiver_report(self, node: Node) -> tuple[bool, float | None]:
+        """What its receiver says: streaming, and how long its upstream has been silent. A stream cut by
+        isolation still says streaming, ever more silent, until wal_receiver_timeout ends it."""
+        if self.streaming(node):
+            node.silent_since = None
+            return True, self.heartbeat / 2
+        if not self.streaming(node, through_silence=True):
+            node.silent_since = None
+            return False, None
+        if node.silent_since is None:
+            node.silent_since = self.now
+        silence = (self.now - node.silent_since).total_seconds()
+        return (True, silence) if silence < 2 * self.heartbeat else (False, None)
 
     def observe(self) -> ClusterView:
         members = []
@@ -178,7 +210,8 @@ class ModelCluster:
             else:
                 received = held = None
             truly = self.streaming(node)
-            streaming = seen and truly
+            says, silence = self.receiver_report(node)
+            streaming = seen and says
             self.truth[node.name] = (node.upstream if truly else None, node.flapped, node.writable)
             if node.flapped:
                 streaming = seen and node.role is Role.REPLICA and not streaming
@@ -196,7 +229,9 @@ class ModelCluster:
                     held_lsn=held,
                     wal_receiver_streaming=streaming,
                     upstream=node.upstream if seen and node.role is Role.REPLICA else None,
-                    ready=seen and (node.role is Role.PRIMARY or self.streaming(node)),
+                    upstream_silence=silence if streaming else None,
+                    upstream_heartbeat=self.heartbeat if streaming else None,
+                    ready=seen and (node.role is Role.PRIMARY or says),
                     revision=node.revision,
                     fenced=node.fenced and node.pod_up,  # the agent's own report, or the last one
                     sync=node.sync if seen else None,
@@ -275,8 +310,8 @@ class ModelCluster:
     def streaming_from(self, node: Node, primary: Node, length: int) -> bool:
         return (
             node.running
-            and not node.isolated
-            and not primary.isolated
+            and not node.silenced
+            and not primary.silenced
             and not node.fenced
             and node.role is Role.REPLICA
             and primary.wal[:length] == node.wal
@@ -307,7 +342,7 @@ class ModelCluster:
             return
         if a.seed is A.Seed.BASEBACKUP:
             source = self._node(a.source or "")
-            if source is None or not source.writable or source.isolated:
+            if source is None or not source.writable or source.silenced:
                 return  # pg_basebackup fails; the engine will ask again
             self.nodes[a.member] = Node(
                 a.member,
@@ -438,7 +473,7 @@ class ModelCluster:
 
     def _do_Unfence(self, a: A.Unfence) -> None:
         node = self._node(a.member)
-        if node is None or not node.fenced or not node.pod_up:
+        if node is None or not node.fenced or not node.pod_up or node.net_cut:
             return
         node.fenced = False
         node.fence_pending = False
@@ -451,7 +486,7 @@ class ModelCluster:
             return
         if not node.pod_up:
             return
-        if node.isolated or node.data_lost:
+        if node.silenced or node.data_lost:
             return
         node.role = Role.REPLICA
         node.upstream = None
@@ -464,7 +499,7 @@ class ModelCluster:
             return
         if not node.running:
             # The agent starts a stopped member read-only with no upstream, then promotes it.
-            if not node.pod_up or node.isolated or node.data_lost or node.restarting_to is not None:
+            if not node.pod_up or node.silenced or node.data_lost or node.restarting_to is not None:
                 return
             node.running = True
             node.upstream = None
@@ -497,10 +532,10 @@ class ModelCluster:
             return
         if node.role is Role.PRIMARY and node.writable and node.name == self.rw:
             return
-        if node.isolated or not node.pod_up or node.restarting_to is not None:
+        if node.silenced or not node.pod_up or node.restarting_to is not None:
             return  # the platform cannot reach it, or it is busy restarting
         if node.data_lost or a.reclone or node.major != up.major:  # no pg_rewind across majors
-            if not up.writable or up.isolated:
+            if not up.writable or up.silenced:
                 return
             node.kept_aside += 0 if node.data_lost else 1
             node.data_lost = False
@@ -538,7 +573,7 @@ class ModelCluster:
         if key in self.jobs:
             return
         node = self._node(a.member)
-        if node is not None and (node.isolated or not node.pod_up or not (node.fenced or node.data_lost)):
+        if node is not None and (node.silenced or not node.pod_up or not (node.fenced or node.data_lost)):
             return  # its agent restores only when it answers, under a fence (an empty volume: fenced first)
         if node is not None:
             node.running = False  # its data directory is moved aside while the snapshot is fetched
@@ -614,7 +649,7 @@ class ModelCluster:
 
     def _do_CheckUpgrade(self, a: A.CheckUpgrade) -> None:
         node = self._node(a.member)
-        if node is None or not node.pod_up or node.isolated:
+        if node is None or not node.pod_up or node.silenced:
             return
         if node.last_action is not None and node.last_action.request_id == a.request_id:
             return
@@ -627,7 +662,7 @@ class ModelCluster:
         fenced primary stopped cleanly; a failure in pg_upgrade leaves the old data as it was, a failed
         check leaves the new major's data, stopped and fenced."""
         node = self._node(a.member)
-        if node is None or not node.pod_up or node.isolated:
+        if node is None or not node.pod_up or node.silenced:
             return
         if node.last_action is not None and node.last_action.request_id == a.request_id:
             return

@@ -8,6 +8,7 @@ from pgherd.api.cluster import Phase, PostgresClusterSpec
 from pgherd.engine import ClusterView, EngineStatus, Role, decide
 from pgherd.engine import actions as A
 from pgherd.engine.conditions import ConditionType
+from pgherd.engine.view import MemberView
 
 from .builders import down, later, lost_primary, make_spec, settled, with_members
 
@@ -150,3 +151,54 @@ def test_fenced_members_start_read_only_and_count_while_no_primary() -> None:
     d2 = decide(spec, with_members(later(view, 8), standby, down(view.members[1])), d.status)
     assert [type(a) for a in d2.actions] == [A.SetSynchronousStandbys, A.Promote]
     assert d2.actions[1].member == "pg-0"  # type: ignore[union-attr]
+
+
+def _silent(member: MemberView, seconds: float, heartbeat: float = 5.0) -> MemberView:
+    """A replica whose receiver still says streaming from its primary, which has said nothing for
+    `seconds` (a partition: no reset, only silence, until wal_receiver_timeout)."""
+    return replace(member, upstream_silence=seconds, upstream_heartbeat=heartbeat)
+
+
+def _isolated(view: ClusterView, seconds: float, heartbeat: float = 5.0) -> ClusterView:
+    return with_members(
+        view, down(view.members[0]), *(_silent(m, seconds, heartbeat) for m in view.members[1:])
+    )
+
+
+def test_a_silent_stream_votes_from_the_primarys_last_word_once_seen_twice() -> None:
+    # The primary cut off from the operator and both replicas at t0: they still say streaming.
+    spec, view, status = settled()  # detectionSeconds 5, heartbeat 5 s (wal_receiver_timeout 10 s)
+    first = decide(spec, _isolated(later(view, 2), 2), status)
+    assert first.phase is Phase.DEGRADED and first.status.votes_since == {}  # 2 s: a quiet primary's
+    second = decide(spec, _isolated(later(view, 6.5), 6.5), first.status)
+    assert second.actions == ()  # one sample of silence is not a vote yet
+    assert set(second.status.votes_since) == {"pg-1", "pg-2"}
+    third = decide(spec, _isolated(later(view, 7.5), 7.5), second.status)
+    # Dated back to t0: the failure is confirmed now, not detectionSeconds after the second sample.
+    assert third.status.votes_since == dict.fromkeys(("pg-1", "pg-2"), view.now)
+    assert [type(a) for a in third.actions] == [A.Fence]
+
+
+def test_a_silence_within_the_heartbeat_is_no_vote() -> None:
+    spec, view, status = settled()
+    first = decide(spec, _isolated(view, 5.5), status)
+    decision = decide(spec, _isolated(later(view, 60), 5.9), first.status)
+    assert decision.actions == () and decision.status.votes_since == {}
+    assert "lost it" in decision.message
+
+
+def test_a_silent_stream_that_speaks_again_loses_its_vote() -> None:
+    spec, view, status = settled()
+    first = decide(spec, _isolated(later(view, 7), 7), status)
+    assert set(first.status.votes_since) == {"pg-1", "pg-2"}
+    spoke = decide(spec, _isolated(later(view, 8), 0.2), first.status)
+    assert spoke.status.votes_since == {} and spoke.actions == ()
+
+
+def test_silence_with_no_heartbeat_known_is_no_vote() -> None:
+    # wal_receiver_timeout 0 (or an agent from before silentSeconds): nothing says how long is too long.
+    spec, view, status = settled()
+    members = [down(view.members[0])] + [replace(m, upstream_silence=100.0) for m in view.members[1:]]
+    first = decide(spec, with_members(view, *members), status)
+    decision = decide(spec, with_members(later(view, 60), *members), first.status)
+    assert decision.actions == () and decision.status.votes_since == {}

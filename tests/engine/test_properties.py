@@ -531,6 +531,14 @@ class ClusterMachine(RuleBasedStateMachine):
         if name is not None:
             self.model.nodes[name].isolated = cut
 
+    @rule(node=NODES, cut=st.booleans())
+    def cut_off(self, node: int, cut: bool) -> None:
+        """Its pod's network is cut from the operator and the other members (its kubelet still runs
+        it): its replicas' receivers go silent, still saying streaming until their timeout."""
+        name = self._pick(node)
+        if name is not None:
+            self.model.nodes[name].net_cut = cut
+
     @rule()
     def complete_restarts(self) -> None:
         self.model.complete_restarts()
@@ -932,7 +940,7 @@ class ClusterMachine(RuleBasedStateMachine):
         model = self.model
         self.pending = []
         for node in model.nodes.values():
-            node.partitioned = node.isolated = False
+            node.partitioned = node.isolated = node.net_cut = False
             node.unsettled = node.flapped = False
         model.land_fences()
         model.end_terminations()

@@ -38,6 +38,7 @@ from pgherd_backup.agent.auth import Verdict, check_bearer
 from pgherd_backup.agent.options import METRICS_PORT as AGENT_METRICS_PORT
 from pgherd_backup.agent.options import AgentOptions, read_parameters
 from pgherd_backup.agent.tls import client_context, server_context
+from pgherd_backup.postgres.parameters import replication_timing
 from pgherd_backup.store import S3Settings
 
 VERSIONS = ("1.30", "1.33")
@@ -797,9 +798,19 @@ def test_parameters_read_back_as_written(full: ClusterRef, tmp_path: Path):
     text = cm.configmap(full)["data"][names.PARAMETERS_FILE]
     path = tmp_path / "parameters.conf"
     path.write_text(text)
-    assert read_parameters(path) == full.spec.parameters
+    timing = replication_timing(full.spec.failover.detection_seconds)
+    assert read_parameters(path) == {**timing, **(full.spec.parameters or {})}
     path.write_text(cm.configmap(make_ref(MINIMAL_SPEC))["data"][names.PARAMETERS_FILE])
-    assert read_parameters(path) == {}
+    # detectionSeconds 5 (the default): a silent primary is seen after 5 s + 1 s, not PostgreSQL's 60 s.
+    assert read_parameters(path) == {
+        "wal_receiver_timeout": "10s",
+        "wal_receiver_status_interval": "1s",
+        "wal_retrieve_retry_interval": "500ms",
+        "wal_sender_timeout": "10s",
+    }
+    mine = make_ref({**MINIMAL_SPEC, "parameters": {"wal_receiver_timeout": "60s"}})
+    path.write_text(cm.configmap(mine)["data"][names.PARAMETERS_FILE])
+    assert read_parameters(path)["wal_receiver_timeout"] == "60s"  # the user's own value wins
     for cut in ("\n", "\v", "\x85", "\u2028", "\r"):
         with pytest.raises(ValueError, match="line separator"):
             cm.render_parameters({"application_name": f"a{cut}port = 1"})

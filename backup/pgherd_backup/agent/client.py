@@ -40,6 +40,9 @@ from pgherd_backup.agent.wire import (
 STATUS_TIMEOUT = 2.0
 ACTION_TIMEOUT = 120.0
 SLOW_ACTION_TIMEOUT = 3600.0  # rejoin and seed may copy a whole data directory
+# A connection and its TLS handshake, whatever the call's timeout: an agent cut off by a partition
+# (packets dropped, no reset) is known in seconds, not after a fence's or an action's whole timeout.
+CONNECT_TIMEOUT = 2.0
 
 
 class AgentError(Exception):
@@ -229,8 +232,16 @@ class AgentClient:
             headers["Content-Type"] = "application/json"
         if auth and self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        connection = self._connection(timeout)
+        connection = self._connection(min(timeout, CONNECT_TIMEOUT))
         try:
+            try:
+                connection.connect()
+            except TimeoutError:
+                raise AgentUnreachable(
+                    f"agent {self.base_url}: no connection within {min(timeout, CONNECT_TIMEOUT):g}s"
+                ) from None
+            assert connection.sock is not None
+            connection.sock.settimeout(timeout)
             connection.request(method, path, body=data, headers=headers)
             response = connection.getresponse()
             return response.status, response.read().decode(errors="replace")

@@ -31,6 +31,9 @@ SELECT pg_is_in_recovery(),
        (SELECT received_tli FROM pg_stat_wal_receiver),
        (SELECT sender_host FROM pg_stat_wal_receiver),
        (SELECT sender_port FROM pg_stat_wal_receiver),
+       (SELECT extract(epoch FROM clock_timestamp() - last_msg_receipt_time)::float8
+          FROM pg_stat_wal_receiver),
+       (SELECT setting::int FROM pg_settings WHERE name = 'wal_receiver_timeout'),
        current_setting('synchronous_standby_names'),
        (SELECT coalesce(last_failed_time < last_archived_time, last_failed_time IS NULL)
           FROM pg_stat_archiver),
@@ -100,6 +103,8 @@ def read_live(conn: psycopg.Connection[Any]) -> Live:
         received_tli,
         sender_host,
         sender_port,
+        silent,
+        receiver_timeout_ms,
         sync,
         archiving,
         waldir_tli,
@@ -117,7 +122,13 @@ def read_live(conn: psycopg.Connection[Any]) -> Live:
     wal_receiver = None
     if receiver is not None:
         where = f"{sender_host}:{sender_port}" if sender_host else None
-        wal_receiver = WalReceiver(status=receiver, upstream=where, received_timeline=received_tli)
+        wal_receiver = WalReceiver(
+            status=receiver,
+            upstream=where,
+            received_timeline=received_tli,
+            silent_seconds=None if silent is None else round(max(0.0, silent), 3),
+            heartbeat_seconds=receiver_timeout_ms / 2000 if receiver_timeout_ms else None,
+        )
     return Live(
         in_recovery=bool(in_recovery),
         received=_lsn(received) or replayed_lsn,

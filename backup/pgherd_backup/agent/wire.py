@@ -145,11 +145,17 @@ class Wire:
 
 @dataclass(frozen=True)
 class WalReceiver(Wire):
-    """pg_stat_wal_receiver: `status` (streaming, waiting, ...), `upstream` as host:port."""
+    """pg_stat_wal_receiver: `status` (streaming, waiting, ...), `upstream` as host:port.
+
+    `silentSeconds`: since the last message from the upstream (last_msg_receipt_time); a live upstream
+    answers within `heartbeatSeconds` even when idle (the receiver asks it at wal_receiver_timeout / 2),
+    so a longer silence means a silent upstream before the receiver gives up on it at the timeout."""
 
     status: str | None = None
     upstream: str | None = None
     received_timeline: int | None = None
+    silent_seconds: float | None = None
+    heartbeat_seconds: float | None = None  # null: wal_receiver_timeout is 0 (the receiver never asks)
 
 
 @dataclass(frozen=True)

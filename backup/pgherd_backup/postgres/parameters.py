@@ -123,9 +123,28 @@ def problems(parameters: Mapping[str, str] | None) -> list[str]:
     return [p for name in sorted(parameters or {}) if (p := problem(name, str((parameters or {})[name])))]
 
 
+def replication_timing(detection_seconds: int) -> dict[str, str]:
+    """How fast replication notices a lost peer, from the cluster's failover.detectionSeconds: defaults
+    under the user's parameters (a user who sets them slows detection down, knowingly). A replica asks a
+    quiet primary for a word every wal_receiver_timeout / 2 and reports its silence (the agent's
+    walReceiver.silentSeconds): a primary cut off by a partition is seen as lost within seconds, as a
+    crashed one is, rather than after PostgreSQL's 60 s default; never so short that a loaded machine
+    trips it (5 s at least)."""
+    receiver = max(5, 2 * detection_seconds)
+    return {
+        "wal_receiver_timeout": f"{receiver}s",
+        "wal_receiver_status_interval": "1s",
+        "wal_retrieve_retry_interval": "500ms",
+        "wal_sender_timeout": f"{max(10, receiver)}s",
+    }
+
+
 # -- the parameters file: written by the operator (ConfigMap) or the sandbox, read by the agent ----------
 
-HEADER = "# spec.parameters of the PostgresCluster, written by pgherd: edit the PostgresCluster, not this.\n"
+HEADER = (
+    "# spec.parameters of the PostgresCluster (over the timing pgherd derives from spec.failover),"
+    " written by pgherd: edit the PostgresCluster, not this.\n"
+)
 _LINE = re.compile(
     r"^\s*(?:(?P<name>[^\s=#']+)\s*=?\s*(?:'(?P<quoted>(?:[^']|'')*)'|(?P<bare>[^#\s]*))\s*)?(?:#.*)?$"
 )

@@ -13,7 +13,8 @@ Steps of a Failover operation (recorded before the first one):
 
 The failure itself is confirmed first (``assess``): the operator cannot reach the primary for
 ``detectionSeconds`` and a majority of the voters agree, each replica's vote being a loss of its WAL
-stream observed continuously for as long. If the promoted member vanishes after Promote was issued, it
+stream (or silence on it beyond what a live primary allows, dated back to its last word) observed
+continuously for as long. If the promoted member vanishes after Promote was issued, it
 is recorded as the primary anyway and goes through the same confirmation (fenced first): never two
 promoted members.
 """
@@ -21,7 +22,7 @@ promoted members.
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from pgherd.api.cluster import Phase
 from pgherd.engine import recovery
@@ -30,6 +31,10 @@ from pgherd.engine.context import Context, Outcome, by_most_data, cannot_write
 from pgherd.engine.quorum import failover_keeps_commits, majority, steady_config
 from pgherd.engine.status import Operation, OperationKind
 from pgherd.engine.view import MemberView, Role
+
+# Silence on a WAL stream beyond its heartbeat before it counts as a lost primary: the heartbeat's own
+# round trip and the sampling of the receiver's state.
+SILENCE_MARGIN = 1.0
 
 
 def reachable_replicas(ctx: Context, old: str | None) -> list[MemberView]:
@@ -138,16 +143,29 @@ def assess(ctx: Context) -> Outcome:
     return outcome
 
 
+def silent_since(member: MemberView, now: datetime) -> datetime | None:
+    """When ``member``'s upstream last said anything, if it has been silent for longer than a live
+    upstream ever is (its heartbeat and SILENCE_MARGIN); None otherwise, or when unknown."""
+    silence, heartbeat = member.upstream_silence, member.upstream_heartbeat
+    if silence is None or heartbeat is None or silence < heartbeat + SILENCE_MARGIN:
+        return None
+    return now - timedelta(seconds=silence)
+
+
 def _votes(ctx: Context, old: str | None) -> dict[str, datetime]:
-    """Since when each reachable replica has reported, at every observation, that it lost its WAL
-    stream from ``old``. A replica that streams again or cannot be reached loses its vote: one
-    instantaneous sample is not a vote. The old primary answering read-only votes too: it is no
-    primary."""
+    """Since when each reachable replica has reported, at every observation, that it lost ``old``: no
+    WAL stream from it, or a stream from which nothing arrived for longer than a live primary allows
+    (a partition is silence: the receiver says streaming until wal_receiver_timeout). A silent stream
+    votes from the moment the primary went silent, once seen at two observations in a row. A replica
+    that streams again or cannot be reached loses its vote: one instantaneous sample is not a vote. The
+    old primary answering read-only votes too: it is no primary."""
     since = ctx.status.votes_since
     out: dict[str, datetime] = {}
     for member in reachable_replicas(ctx, old):
         if old is None or not member.streams_from(old):
             out[member.name] = since.get(member.name, ctx.now)
+        elif (silent := silent_since(member, ctx.now)) is not None:
+            out[member.name] = min(since[member.name], silent) if member.name in since else ctx.now
     return out
 
 

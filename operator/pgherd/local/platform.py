@@ -64,10 +64,6 @@ AGENT_START_GRACE = 30.0
 
 # Settings that make a local member fail over and catch up quickly (the spec's parameters win).
 FAST_SETTINGS: dict[str, Setting] = {
-    "wal_retrieve_retry_interval": "500ms",
-    "wal_receiver_status_interval": "1s",
-    "wal_receiver_timeout": "10s",
-    "wal_sender_timeout": "10s",
     "archive_timeout": "60s",
     "checkpoint_timeout": "5min",
     "max_wal_size": "256MB",
@@ -193,7 +189,8 @@ class LocalPlatform:
     # --- the kubelet's part ---------------------------------------------------------------------------
     def _write_parameters(self, name: str, spec: PostgresClusterSpec) -> None:
         """The member's PostgreSQL parameters, read again by its agent at every start."""
-        text = user_parameters.render({**FAST_SETTINGS, **(spec.parameters or {})})
+        timing = user_parameters.replication_timing(spec.failover.detection_seconds)
+        text = user_parameters.render({**timing, **FAST_SETTINGS, **(spec.parameters or {})})
         path = self.pods.parameters_file(name)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")

@@ -1,4 +1,5 @@
-"""`<cluster>-config`: the user's PostgreSQL parameters (`spec.parameters`) as `parameters.conf`,
+"""`<cluster>-config`: the user's PostgreSQL parameters (`spec.parameters`) as `parameters.conf`, over
+the replication timing derived from `spec.failover.detectionSeconds`,
 mounted in every member at names.CONFIG_MOUNT and read by the agent (`--parameters-file`) again at each
 start. The mount is a whole-directory ConfigMap volume (no subPath) so that the kubelet refreshes it in
 place; settings PostgreSQL applies on reload take effect without a restart, and those that need one
@@ -24,5 +25,12 @@ def configmap(ref: ClusterRef) -> Manifest:
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": metadata(ref, names.configmap(ref.name), names.COMPONENT_POSTGRES),
-        "data": {names.PARAMETERS_FILE: render_parameters(ref.spec.parameters)},
+        "data": {
+            names.PARAMETERS_FILE: render_parameters(
+                {
+                    **user_parameters.replication_timing(ref.spec.failover.detection_seconds),
+                    **(ref.spec.parameters or {}),
+                }
+            )
+        },
     }
