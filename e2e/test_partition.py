@@ -7,7 +7,14 @@ before the next (and at the module's end whatever happens):
 - the operator cut off from the primary alone for 20 s: no failover (losing a primary needs the
   replicas' agreement, and they still stream from it); no write fails;
 - a replica cut off from everyone (the other members, the operator, the node) for 20 s: writes go on
-  (quorum mode with 3 members: the other replica acknowledges), no failover; healed, it catches up.
+  (quorum mode with 3 members: the other replica acknowledges), no failover; healed, it catches up;
+- the primary cut off from the operator and both replicas, clients (this host) still reaching it, in
+  quorum mode and then in async mode (the same cluster, its mode changed): a replica is promoted within
+  REPLACED_WITHIN of the cut (the replicas report the primary's silence: pgherd.engine.failover), the old
+  primary's pod deleted by the fence (its kubelet still reaches it) so that it stops taking writes before
+  the new one starts; in quorum mode it acknowledges nothing once cut off, and nothing acknowledged is
+  lost; in async mode what it acknowledged between the cut and its stop is all that is lost (counted and
+  printed); healed, it rejoins as a replica.
 
 Every scenario's verdict from the prober's record: never two members accepting writes at the same
 moment, and no acknowledged write lost. The sandbox's members share 127.0.0.1 with the supervisor, so
@@ -26,7 +33,7 @@ from e2e.checks import StatusRecorder, assert_no_acknowledged_write_lost, wait_i
 from e2e.driver import NewCluster, healthy, replicas, unless_failed
 from e2e.drivers.localkube import LocalKubeDriver
 from e2e.prober import Prober, ensure_probe_table
-from e2e.workload import WriteLoad
+from e2e.workload import WriteLoad, present_ids
 
 DRIVER = os.environ.get("PGHERD_E2E_DRIVER", "local")
 pytestmark = [
@@ -43,6 +50,10 @@ pytestmark = [
 NAME = "e2e-partition"
 INSTANCES = 3
 CUT = 20.0  # seconds each partition lasts: several detection periods (detectionSeconds 3)
+# From the cut to the first write the new primary accepts: detectionSeconds 3 gives wal_receiver_timeout
+# 6 s, so silence counts after 3 s + 1 s, dated back to the cut; then two observations, the fence (its
+# agent call fails within 2 s, the pod is deleted with a 1 s grace), the promotion, the first write.
+REPLACED_WITHIN = 15.0
 
 
 @pytest.fixture(scope="module")
@@ -116,3 +127,60 @@ def test_a_replica_cut_off_from_everyone_stops_no_write_and_catches_up(cluster: 
     assert sum(p.ended - p.started for p in silent) > CUT / 2, f"{len(silent)} unanswered probes"
     present = assert_no_acknowledged_write_lost(cluster, report)
     wait_ids_on_member(cluster, isolated, sorted(set(report.acked_ids()) & present)[-50:], timeout=60)
+
+
+@pytest.mark.parametrize("mode", ["quorum", "async"])
+def test_a_primary_cut_off_from_the_operator_and_the_replicas_is_replaced(
+    cluster: LocalKubeDriver, pg_version: int, mode: str
+) -> None:
+    if mode == "async":
+        cluster.apply(manifests.cluster(NAME, postgres_version=pg_version, instances=INSTANCES, mode="async"))
+    status = cluster.wait_for(unless_failed(healthy(INSTANCES)), 180, "a healthy cluster")
+    old = str(status["primary"])
+    others = sorted(replicas(status))
+    load = WriteLoad(cluster.rw_dsn).start()
+    try:
+        with prober(cluster) as probes, StatusRecorder(cluster, interval=0.5) as recorder:
+            load.wait_for_acks(20)
+            cluster.partition([[old], [*others, "operator"]])
+            cut = time.monotonic()
+            try:
+                status = cluster.wait_for(
+                    lambda s: s.get("primary") not in (None, old), 60, f"a replica promoted in place of {old}"
+                )
+                new = str(status["primary"])
+                cluster.wait_for(
+                    lambda s: probes.first_write(new, cut) is not None, 30, f"{new} taking writes"
+                )
+            finally:
+                cluster.heal()
+            cluster.wait_for(unless_failed(healthy(INSTANCES)), 240, f"{old} back as a replica")
+            load.wait_for_acks(20)
+    finally:
+        report = load.stop()
+    first_new = probes.first_write(new, cut)
+    last_old = probes.last_write(old)
+    assert first_new is not None
+    stopped = None if last_old is None else max(0.0, last_old - cut)
+    print(
+        f"\n[{mode}] cut at 0: the old primary {old} took its last write at "
+        f"{'-' if stopped is None else f'{stopped:.2f} s'}; the new primary {new} its first at"
+        f" {first_new - cut:.2f} s; phases {recorder.phases()}"
+    )
+    assert first_new - cut <= REPLACED_WITHIN, f"replaced after {first_new - cut:.2f} s"
+    assert probes.two_writers() == [], probes.two_writers()
+    final = cluster.status()
+    assert {m["name"]: m.get("role") for m in final["members"]}[old] == "replica", final["members"]
+    if mode == "quorum":
+        # Cut off from both replicas it can acknowledge nothing: its last accepted write predates the cut.
+        assert stopped is None or stopped < 1.0, (
+            f"the cut-off primary acknowledged writes until {stopped:.2f} s"
+        )
+        assert_no_acknowledged_write_lost(cluster, report)
+        return
+    assert stopped is not None and stopped < first_new - cut
+    lost = report.lost(present_ids(cluster.rw_dsn(), report.table))
+    acked_after_cut = [a for a in report.attempts if a.ok and a.ended >= cut]
+    print(f"[async] acknowledged by the cut-off primary and lost: {len(lost)} writes")
+    # What async mode may lose: writes the old primary acknowledged after the cut, nothing before it.
+    assert set(lost) <= {a.id for a in acked_after_cut}, lost[:20]

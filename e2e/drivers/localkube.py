@@ -37,6 +37,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -211,6 +212,7 @@ class LocalKubeDriver(KubeDriver):
             os.environ.get("PGHERD_E2E_PG_VERSION") or self.localkube.state.get("postgresMajor") or 16
         )
         super().__init__(workdir, cluster, kube, postgres_version=major, store=store)
+        self._following: tuple[threading.Event, threading.Thread] | None = None
         operator = self.localkube.state.get("operator") or {}
         self.operator_namespace = str(operator.get("namespace") or "pgherd-system")
         self.release = str(operator.get("release") or "pgherd")
@@ -342,17 +344,50 @@ class LocalKubeDriver(KubeDriver):
 
     def partition(self, groups: Sequence[Iterable[str]]) -> None:
         """Packets dropped, both ways, between every two groups of names (members, "operator", "node"):
-        silence, as a real partition is (e2e/localkube/partition.py). The addresses are those of now: a
-        pod made again later has a new one. A name in no group reaches everyone."""
-        partition.partition([[a for name in group for a in self.addresses(name)] for group in groups])
+        silence, as a real partition is (e2e/localkube/partition.py). The cut follows the names: a pod
+        made again (a fence deletes it) gets a new address, and a real partition cuts off where the
+        member runs, not one address, so the rules follow it until heal(). A name in no group reaches
+        everyone."""
+        self.heal()
+        named = [list(group) for group in groups]
+        applied = [[a for name in group for a in self.addresses(name)] for group in named]
+        partition.partition(applied)
+        stop = threading.Event()
+
+        def follow() -> None:
+            current = applied
+            while not stop.wait(0.2):
+                try:
+                    wanted = [[a for name in group for a in self._current_addresses(name)] for group in named]
+                except (DriverError, subprocess.SubprocessError, ValueError):
+                    continue
+                if wanted != current and not stop.is_set():
+                    partition.partition(wanted)
+                    current = wanted
+
+        thread = threading.Thread(target=follow, name="partition-follow", daemon=True)
+        thread.start()
+        self._following = (stop, thread)
+
+    def _current_addresses(self, name: str) -> list[str]:
+        try:
+            return self.addresses(name)
+        except DriverError:
+            return []  # no address yet: nothing of it to cut until it has one
 
     def heal(self) -> None:
+        following = self._following
+        if following is not None:
+            stop, thread = following
+            stop.set()
+            thread.join(timeout=30)
+            self._following = None
         partition.heal()
 
     def down(self, *, keep: bool = False) -> None:
         """The scenario's namespace deleted without waiting for it to go: its pods stop in their grace
         periods while the next scenario starts (16 s a module otherwise); the session's cluster goes
         with everything in it. A partition left by a failed scenario is healed first."""
-        partition.heal()
+        self.heal()
         if not keep:
             self.kube.run("delete", "namespace", self.namespace, "--wait=false", check=False, timeout=60)

@@ -240,6 +240,13 @@ async def fence(ctx: ActContext, action: act.Fence) -> None:
     ip = _ip(ctx, action.member)
     if pod is None or ip is None or not container_started(pod):
         return
+    if _status(ctx, action.member) is None:
+        # Its started agent did not answer this pass's observation (cut off, hung): asking it again
+        # would only wait out the connection timeout before the same deletion.
+        if pod["metadata"].get("deletionTimestamp"):
+            return
+        await _delete_to_fence(ctx, action, pod)
+        return
     try:
         result = await ctx.agents.call(
             action.member,
@@ -258,6 +265,10 @@ async def fence(ctx: ActContext, action: act.Fence) -> None:
         if pod["metadata"].get("deletionTimestamp"):
             return  # going already: the kubelet confirms when its processes are gone
         log.warning("fencing %s: its agent does not answer (%s): deleting its pod", action.member, exc)
+    await _delete_to_fence(ctx, action, pod)
+
+
+async def _delete_to_fence(ctx: ActContext, action: act.Fence, pod: Mapping[str, Any]) -> None:
     # Graceful (1 s, never 0): a grace period of 0 removes the object unconfirmed, and the StatefulSet
     # would start the member again on its volume while the old PostgreSQL may still run there.
     await ctx.api.delete(
