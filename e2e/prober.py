@@ -43,7 +43,8 @@ class Prober:
     probes: list[Probe] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
-    _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    # Ids no earlier prober of the table used: from the microseconds of now (a prober writes ~30 a second).
+    _ids: Iterator[int] = field(default_factory=lambda: itertools.count(time.time_ns() // 1000))
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __enter__(self) -> Prober:

@@ -50,8 +50,11 @@ def test_failover_fences_then_promotes_the_member_with_most_wal() -> None:
     fenced = with_members(later(view, 6), replace(view.members[0], fenced=True, stopped=True))
     promote = decide(spec, fenced, decision.status)
     kinds = [type(a) for a in promote.actions]
-    assert kinds == [A.SetSynchronousStandbys, A.Promote]
+    assert kinds == [A.SetSynchronousStandbys, A.Promote, A.Rejoin]
     assert promote.actions[1].member == "pg-2"  # type: ignore[union-attr]
+    # The other replica follows the member being promoted at once (it holds less WAL: no rewind).
+    early = promote.actions[2]
+    assert isinstance(early, A.Rejoin) and (early.member, early.upstream) == ("pg-1", "pg-2")
     sync = promote.actions[0]
     assert isinstance(sync, A.SetSynchronousStandbys)
     assert sync.config.standbys == {"pg-0", "pg-1"} and sync.config.k == 1
@@ -63,7 +66,8 @@ def test_ties_break_on_replayed_lsn_then_name() -> None:
     first = decide(spec, view, status)
     fenced = with_members(later(view, 6), replace(view.members[0], fenced=True, stopped=True))
     decision = decide(spec, fenced, decide(spec, later(view, 6), first.status).status)
-    assert decision.actions[-1] == A.Promote("pg-2", reason=decision.actions[-1].reason)
+    promotes = [a for a in decision.actions if isinstance(a, A.Promote)]
+    assert promotes == [A.Promote("pg-2", reason=promotes[0].reason)]
 
 
 def test_operator_cut_off_from_primary_alone_never_fails_over() -> None:

@@ -30,8 +30,9 @@ def test_requested_switchover_drains_then_promotes_caught_up_target() -> None:
         received_lsn=1000,
     )
     d2 = decide(spec, with_members(view, old), d1.status)
-    assert [type(a) for a in d2.actions] == [A.SetSynchronousStandbys, A.Promote]
+    assert [type(a) for a in d2.actions] == [A.SetSynchronousStandbys, A.Promote, A.Rejoin]
     assert d2.actions[1].member == "pg-1"  # type: ignore[union-attr]
+    assert d2.actions[2] == A.Rejoin("pg-2", "pg-1", reason="follow pg-1, being promoted")
 
 
 def test_switchover_waits_for_exact_catch_up_and_abandons_without_promoting() -> None:

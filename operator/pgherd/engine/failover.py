@@ -289,8 +289,34 @@ def promote_step(ctx: Context, operation: Operation, phase: Phase) -> Outcome:
     return Outcome(
         phase,
         status,
-        (SetSynchronousStandbys(target.name, config, reason=why), Promote(target.name, reason=why)),
+        (
+            SetSynchronousStandbys(target.name, config, reason=why),
+            Promote(target.name, reason=why),
+            *early_follow(ctx, operation, target),
+        ),
         message=f"promoting {target.name}",
+    )
+
+
+def early_follow(ctx: Context, operation: Operation, target: MemberView) -> tuple[Action, ...]:
+    """The other replicas pointed at the member being promoted, with its promotion rather than once it
+    is seen primary: their reconnection overlaps the promotion (they follow its timeline switch), and in
+    quorum mode its first commit waits for one of them. Only a reachable, unfenced replica that holds no
+    more WAL than the target (one holding more needs the rewind the finish step's Rejoin decides) and
+    does not already follow it; never the source, nor a member kept on the old major."""
+    held = target.held_lsn
+    if held is None:
+        return ()
+    return tuple(
+        Rejoin(m.name, target.name, reason=f"follow {target.name}, being promoted")
+        for m in ctx.view.existing()
+        if m.name not in (target.name, operation.source, ctx.kept_member)
+        and m.reachable
+        and m.role is Role.REPLICA
+        and not m.fenced
+        and m.upstream != target.name
+        and m.held_lsn is not None
+        and m.held_lsn <= held
     )
 
 

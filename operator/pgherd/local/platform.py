@@ -44,7 +44,7 @@ from pgherd.local.observe import Observation, observation
 from pgherd.local.pods import Credentials, Pods
 from pgherd.local.state import MemberState, SandboxState, binaries_missing
 from pgherd_backup.agent.client import AgentClient, AgentError, AgentUnreachable
-from pgherd_backup.agent.wire import ActionResult, FenceRequest, Status, lsn_value
+from pgherd_backup.agent.wire import ActionResult, FenceRequest, Status
 from pgherd_backup.postgres import parameters as user_parameters
 from pgherd_backup.postgres.config import Setting
 from pgherd_backup.postgres.process import grant_traverse
@@ -487,41 +487,8 @@ class LocalPlatform:
             return
         result = self.client(name).promote(reason=action.reason)
         if result.changed:
+            # The other replicas follow it by the engine's Rejoins of the same decision (early_follow).
             log.info("promoted %s (%s)", name, action.reason)
-            self._follow_early(name)
-
-    def _follow_early(self, promoted: str) -> None:
-        """Point the replicas that lost their upstream at the member just promoted (one rejoin each, in
-        its worker): their reconnection overlaps the engine's next observation, and in quorum mode the
-        first commit on the new primary waits for one of them. A replica holding more WAL than the
-        promoted member is left to the engine (it needs a rewind), and so is any fenced or busy one."""
-        target = self._statuses.get(promoted)
-        target_lsn = lsn_value(target.held_lsn) if target is not None else None
-        if target_lsn is None:
-            return
-        upstream = self._address(promoted)
-        for name, status in self._statuses.items():
-            held = lsn_value(status.held_lsn) if status is not None else None
-            if (
-                name == promoted
-                or status is None
-                or name not in self.members
-                or status.fenced
-                or self.busy(name)
-                or status.role != "replica"
-                or status.streaming
-                or held is None
-                or held > target_lsn
-            ):
-                continue
-            client = self.client(name)
-            self._spawn(
-                name,
-                "early follow of",
-                lambda c=client, n=name: _log_result(
-                    n, c.rejoin(upstream, reason="follow the promoted member")
-                ),  # type: ignore[misc]
-            )
 
     def _do_SetPrimary(self, action: act.SetPrimary, spec: PostgresClusterSpec) -> None:
         # The rw DSN selects the only read-write member; what is recorded here is what a pod label
