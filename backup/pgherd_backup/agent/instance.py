@@ -662,6 +662,9 @@ class Instance:
     def _on_crash(self, code: int) -> None:
         how = f"signal {-code}" if code < 0 else f"exit status {code}"
         with self._state_lock:
+            # Restarting from now on (before the crash is saved): the probes see no gap.
+            crashed_at = self.crashed_at = time.monotonic()
+            self.restarting_after_crash.set()
             self.state.crashes += 1
             self.state.last_crash_at = now_iso()
             self.last_error = f"PostgreSQL exited unexpectedly ({how}) at {self.state.last_crash_at}"
@@ -670,17 +673,20 @@ class Instance:
             demoted = self.state.demoted
             upstream = None if demoted else self.state.upstream
         log.error("%s: starting it again read-only", self.last_error)
-        self.crashed_at = time.monotonic()
-        self.restarting_after_crash.set()
         threading.Thread(
-            target=self._restart_read_only, args=(token, upstream, demoted), name="crash-restart", daemon=True
+            target=self._restart_read_only,
+            args=(crashed_at, token, upstream, demoted),
+            name="crash-restart",
+            daemon=True,
         ).start()
 
-    def _restart_read_only(self, token: int, upstream: str | None, demoted: bool) -> None:
+    def _restart_read_only(self, crashed_at: float, token: int, upstream: str | None, demoted: bool) -> None:
         try:
             self._try_restarts(token, upstream, demoted)
         finally:
-            self.restarting_after_crash.clear()
+            with self._state_lock:
+                if self.crashed_at == crashed_at:  # not a later crash, whose restart goes on
+                    self.restarting_after_crash.clear()
 
     def _try_restarts(self, token: int, upstream: str | None, demoted: bool) -> None:
         for attempt in range(10_000):

@@ -32,6 +32,7 @@ log = logging.getLogger("pgherd.agent")
 # postmaster.pid's 8th line (PM_STATUS): what pg_ctl -w waits for
 _PID_STATUS_LINE = 7
 _ACCEPTING = ("ready", "standby")
+_START_POLL = 0.05  # how often a start looks at postmaster.pid
 _SIGNALS = {"smart": signal.SIGTERM, "fast": signal.SIGINT, "immediate": signal.SIGQUIT}
 
 
@@ -109,6 +110,9 @@ class _Child:
     # While `start` waits for it, an exit is that start's failure (it raises), not a crash to report:
     # a crash restart that fails must not spawn another restart.
     starter_waiting: bool = True
+    # It accepted connections (its postmaster.pid said so): the start succeeded, and an exit from then on
+    # is a crash, also when it comes before the waiting start looked (a client may connect first).
+    accepted: bool = False
     # False while an action watches it to its end itself (a restore's replay): its exit is that
     # action's failure, reported by it, and must not bring a crash restart.
     report_exit: bool = True
@@ -162,6 +166,7 @@ class PostmasterChild:
                 and not child.starter_waiting
                 and pid_file_status(self.pgdata, child.proc.pid) in _ACCEPTING
             ):
+                child.accepted = True
                 self._set(PostmasterState.RUNNING)
             return self._state
 
@@ -196,6 +201,7 @@ class PostmasterChild:
             if refusal is not None:
                 raise StartRefused(refusal)
             self._stop_stray()
+            self._kill_leftovers()
             stale = postmaster.remove_stale_lock(self.pgdata)
             if stale is not None:
                 log.warning(
@@ -215,6 +221,8 @@ class PostmasterChild:
             if child.exited.is_set():
                 if child.asked_to_stop:
                     raise StartRefused("it was stopped while starting")
+                if child.accepted:
+                    return True  # it started, then crashed before this wait looked: the crash is reported
                 reason = last_fatal(self.log_file, child.log_offset)
                 raise StartFailed(
                     f"PostgreSQL exited while starting on {self.pgdata} (exit {child.proc.returncode}): "
@@ -223,10 +231,11 @@ class PostmasterChild:
                 )
             if pid_file_status(self.pgdata, child.proc.pid) in _ACCEPTING:
                 with self._lock:
+                    child.accepted = True
                     if child is self._child and self._state is PostmasterState.STARTING:
                         self._set(PostmasterState.RUNNING)
                 return True
-            time.sleep(0.05)
+            time.sleep(_START_POLL)
         log.warning(
             "PostgreSQL on %s does not accept connections after %.0fs (still recovering?)",
             self.pgdata,
@@ -258,8 +267,12 @@ class PostmasterChild:
     def _watch(self, child: _Child) -> None:
         code = child.proc.wait()
         with self._lock:
+            # A killed postmaster leaves its postmaster.pid as it was: one that said it accepted connections
+            # had started, whether or not its start looked in time.
+            if pid_file_status(self.pgdata, child.proc.pid) in _ACCEPTING:
+                child.accepted = True
             crashed = not child.asked_to_stop
-            report = crashed and not child.starter_waiting and child.report_exit
+            report = crashed and (child.accepted or not child.starter_waiting) and child.report_exit
             if child is self._child:
                 self.last_exit = code
                 self.exit_is_crash = report
@@ -281,6 +294,20 @@ class PostmasterChild:
             postmaster.stop(self.pgdata, bins=self.bins, mode="fast", timeout=30)
         except PostgresError:
             postmaster.kill(self.pgdata)
+
+    def _kill_leftovers(self) -> None:
+        """Processes of a dead postmaster still running on the data directory (its backends outlive a
+        postmaster killed alone until they notice): they hold its shared memory, and PostgreSQL would
+        refuse to start until they are gone. Being orphans of a dead server, they only do harm: kill them."""
+        killed = postmaster.kill_leftovers(self.pgdata)
+        if killed:
+            log.warning(
+                "killed %d process(es) a dead PostgreSQL left running on %s, which would keep it from "
+                "starting: %s",
+                len(killed),
+                self.pgdata,
+                "; ".join(f"pid {pid} ({title})" for pid, title in killed.items()),
+            )
 
     # -- stop ---------------------------------------------------------------------------------------
     def stop(self, mode: str = "fast", *, timeout: float) -> bool:

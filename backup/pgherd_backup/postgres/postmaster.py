@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pgherd_backup.errors import PostgresError
 from pgherd_backup.postgres.binaries import PgBinaries
-from pgherd_backup.postgres.process import child_processes, give_to_pg, pg_popen, pg_run
+from pgherd_backup.postgres.process import child_processes, give_to_pg, pg_popen, pg_run, process_table
 
 
 def default_log_file(pgdata: Path | str) -> Path:
@@ -122,6 +122,48 @@ def kill(pgdata: Path | str, *, timeout: float = 10) -> None:
     for victim in victims:
         while _alive(victim) and time.monotonic() < deadline:
             time.sleep(0.02)
+
+
+def leftovers(pgdata: Path | str) -> dict[int, str]:
+    """The PostgreSQL processes still working in `pgdata` (their current directory, which every server
+    process inherits from its postmaster) while no postmaster runs there: what a postmaster killed alone
+    (SIGKILL, the OOM killer) leaves behind. Its backends notice its death only when they next wait, and
+    one in a long query or a slow fsync runs on for seconds, keeping its shared memory attached: until
+    they are gone, a new postmaster refuses to start ("pre-existing shared memory block ... is still in
+    use"). pid -> its process title. Processes whose directory this process may not read are not seen."""
+    if postmaster_pid(pgdata) is not None:
+        return {}  # a running server's own processes
+    try:
+        data = os.stat(pgdata)
+    except OSError:
+        return {}
+    found: dict[int, str] = {}
+    for pid, entry in process_table().items():
+        if entry.command not in ("postgres", "postmaster") or entry.state in ("Z", "X"):
+            continue
+        try:
+            cwd = os.stat(f"/proc/{pid}/cwd")
+            if (cwd.st_dev, cwd.st_ino) != (data.st_dev, data.st_ino):
+                continue
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        found[pid] = title.strip()
+    return found
+
+
+def kill_leftovers(pgdata: Path | str, *, timeout: float = 10) -> dict[int, str]:
+    """SIGKILL the `leftovers` of a dead postmaster on `pgdata` and wait until they are gone (a process
+    in uninterruptible I/O dies when the I/O ends; at most `timeout`). Returns the ones killed."""
+    found = leftovers(pgdata)
+    for pid in found:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    for pid in found:
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    return found
 
 
 def _alive(pid: int) -> bool:

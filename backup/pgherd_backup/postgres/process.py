@@ -141,20 +141,23 @@ class ProcessEntry(NamedTuple):
     ppid: int
     state: str  # the state letter (Z: a zombie)
     start: str  # start time in clock ticks since boot: with the pid, one process for sure
+    command: str  # the executable's name (`postgres` for every server process, whatever its title)
 
 
 def process_table() -> dict[int, ProcessEntry]:
-    """Every process, from /proc: pid -> its parent, state and start time."""
+    """Every process, from /proc: pid -> its parent, state, start time and command."""
     table: dict[int, ProcessEntry] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
+                text = stat.read()
         except OSError:
             continue
-        table[int(entry)] = ProcessEntry(int(fields[1]), fields[0], fields[19])
+        command, rest = text[text.index("(") + 1 :].rsplit(")", 1)
+        fields = rest.split()
+        table[int(entry)] = ProcessEntry(int(fields[1]), fields[0], fields[19], command)
     return table
 
 
