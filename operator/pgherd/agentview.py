@@ -120,7 +120,7 @@ def member_view(
         replayed_lsn=lsn_value(status.replayed_lsn),
         wal_receiver_streaming=status.streaming,
         upstream=upstream,
-        upstream_silence=status.wal_receiver.silent_seconds if status.wal_receiver is not None else None,
+        upstream_silence=status.upstream_silent_seconds,
         upstream_heartbeat=status.wal_receiver.heartbeat_seconds if status.wal_receiver is not None else None,
         ready=status.ready,
         revision=status.revision,

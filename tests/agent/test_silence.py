@@ -2,7 +2,7 @@
 live primary may be (heartbeatSeconds: wal_receiver_timeout / 2, when the receiver asks it for a
 word): a partition is silence on a stream that still says streaming, and the engine counts it as a
 lost primary before the receiver gives up (pgherd.engine.failover). The silent primary here is real:
-its WAL sender stopped by SIGSTOP, its connection open, nothing reset."""
+its WAL sender and postmaster stopped by SIGSTOP, connections open, nothing reset."""
 
 from __future__ import annotations
 
@@ -45,7 +45,11 @@ def test_a_quiet_primary_is_never_silent_beyond_its_heartbeat_and_a_stopped_one_
     assert max(quiet) > TIMEOUT / 4  # it did go quiet: the heartbeat is what kept it short
 
     (sender,) = primary.sql("SELECT pid FROM pg_stat_replication")
-    os.kill(sender[0], signal.SIGSTOP)
+    # The postmaster too: the receiver's reconnection hangs as it would across a partition.
+    postmaster = int((primary.pgdata / "postmaster.pid").read_text().split()[0])
+    stopped = [sender[0], postmaster]
+    for pid in stopped:
+        os.kill(pid, signal.SIGSTOP)
     try:
         seen: list[tuple[str | None, float | None]] = []
         while time.monotonic() < deadline + 3 * TIMEOUT:
@@ -60,8 +64,19 @@ def test_a_quiet_primary_is_never_silent_beyond_its_heartbeat_and_a_stopped_one_
             time.sleep(0.1)
         else:
             raise AssertionError(f"no silence beyond the heartbeat while streaming: {seen}")
+        assert replica.status().upstream_silent_seconds is not None
+        # The receiver gives up at wal_receiver_timeout; the agent still knows when the primary last spoke.
+        replica.wait_until(
+            lambda: not replica.status().streaming, "the receiver giving up", timeout=3 * TIMEOUT
+        )
+        after = replica.status().upstream_silent_seconds
+        assert after is not None and after >= TIMEOUT, after
+        time.sleep(1)
+        later = replica.status().upstream_silent_seconds
+        assert later is not None and later > after
     finally:
-        os.kill(sender[0], signal.SIGCONT)
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
     replica.wait_until(
         lambda: (
             (r := replica.status().wal_receiver) is not None

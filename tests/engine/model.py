@@ -179,7 +179,8 @@ class ModelCluster:
         if node.silent_since is None:
             node.silent_since = self.now
         silence = (self.now - node.silent_since).total_seconds()
-        return (True, silence) if silence < 2 * self.heartbeat else (False, None)
+        # After the timeout the receiver is gone; its agent still knows when the upstream last spoke.
+        return silence < 2 * self.heartbeat, silence
 
     def observe(self) -> ClusterView:
         members = []
@@ -229,7 +230,7 @@ class ModelCluster:
                     held_lsn=held,
                     wal_receiver_streaming=streaming,
                     upstream=node.upstream if seen and node.role is Role.REPLICA else None,
-                    upstream_silence=silence if streaming else None,
+                    upstream_silence=silence if seen else None,
                     upstream_heartbeat=self.heartbeat if streaming else None,
                     ready=seen and (node.role is Role.PRIMARY or says),
                     revision=node.revision,

@@ -206,3 +206,17 @@ def test_silence_with_no_heartbeat_known_is_no_vote() -> None:
     first = decide(spec, with_members(view, *members), status)
     decision = decide(spec, with_members(later(view, 60), *members), first.status)
     assert decision.actions == () and decision.status.votes_since == {}
+
+
+def test_a_receiver_that_gave_up_on_a_silent_primary_votes_from_its_last_word() -> None:
+    # wal_receiver_timeout passed between two observations: no stream any more, only its agent's memory
+    # of the primary's last word (7 s ago). Dated back, it counts at the next observation.
+    spec, view, status = settled()
+    gone = [replace(lost_primary(m), upstream_silence=7.0) for m in view.members[1:]]
+    first = decide(spec, with_members(later(view, 7), down(view.members[0]), *gone), status)
+    assert first.status.votes_since == dict.fromkeys(("pg-1", "pg-2"), view.now)
+    assert first.actions == ()  # one sample is no vote, however old the silence it reports
+    again = [replace(m, upstream_silence=12.0) for m in gone]
+    second = decide(spec, with_members(later(view, 12), down(view.members[0]), *again), first.status)
+    assert second.status.votes_since == dict.fromkeys(("pg-1", "pg-2"), view.now)
+    assert [type(a) for a in second.actions] == [A.Fence]

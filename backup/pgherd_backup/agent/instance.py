@@ -225,6 +225,9 @@ class Instance:
         self.action_name: str | None = None
         self.long_action: LongAction | None = None  # the action going on after its answer (restore)
         self.analyzing = False  # statistics being rebuilt after a major upgrade (upgrading.py)
+        # When its upstream last said anything (monotonic), and which upstream: kept after the WAL
+        # receiver gives up on a silent one (status.upstream_silence).
+        self.upstream_heard: tuple[str, float] | None = None
         self.boot_done = threading.Event()
         self._state_lock = threading.RLock()
         self._action_lock = threading.Lock()

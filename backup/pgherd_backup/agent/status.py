@@ -7,6 +7,7 @@ be established is null.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,6 +172,25 @@ def _archive_error(inst: Instance) -> str | None:
     return inst.credentials.redact(error) if error is not None else None
 
 
+def upstream_silence(inst: Instance, live: Live) -> float | None:
+    """Seconds since its upstream last said anything: the receiver's own figure while it has one, else
+    the last one seen, aged, while it still follows that upstream (a receiver that gave up on a silent
+    primary leaves no row: its silence goes on all the same)."""
+    if not live.in_recovery:
+        inst.upstream_heard = None
+        return None
+    receiver = live.receiver
+    configured = describe_upstream(inst.settings_snapshot()["upstream"])
+    now = time.monotonic()
+    if receiver is not None and receiver.silent_seconds is not None:
+        inst.upstream_heard = None if configured is None else (configured, now - receiver.silent_seconds)
+        return receiver.silent_seconds
+    heard = inst.upstream_heard
+    if heard is None or heard[0] != configured:
+        return None  # never heard, or told to follow another upstream since
+    return round(now - heard[1], 3)
+
+
 def gather(inst: Instance) -> Status:
     live = query_live(inst)
     state = inst.settings_snapshot()
@@ -222,6 +242,7 @@ def gather(inst: Instance) -> Status:
             flushed_lsn=_fmt(live.flushed),
             held_lsn=_fmt(held),
             wal_receiver=live.receiver,
+            upstream_silent_seconds=upstream_silence(inst, live),
             pending_restart=live.pending_restart,
             synchronous_standby_names=live.sync,
             archiving_healthy=live.archiving_healthy,

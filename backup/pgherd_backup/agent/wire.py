@@ -209,6 +209,9 @@ class Status(Wire):
     held_lsn: str | None = None  # the most WAL provably held (end of valid WAL in pg_wal at least)
     wal_receiver: WalReceiver | None = None
     upstream: str | None = None  # the configured upstream (a conninfo never carries a password here)
+    # Seconds since its upstream last said anything: the receiver's while it streams; after the receiver
+    # gave up on a silent upstream (wal_receiver_timeout), kept from its last stream. Null: unknown.
+    upstream_silent_seconds: float | None = None
     fenced: bool = False
     demoted: bool = False  # fenced, but running read-only with no upstream (a Demote)
     data_present: bool = False

@@ -163,10 +163,23 @@ def _votes(ctx: Context, old: str | None) -> dict[str, datetime]:
     out: dict[str, datetime] = {}
     for member in reachable_replicas(ctx, old):
         if old is None or not member.streams_from(old):
-            out[member.name] = since.get(member.name, ctx.now)
+            # Lost since its upstream's last word when its agent knows it (the receiver gave up on a
+            # silent primary after wal_receiver_timeout), else since now.
+            last_word = member.upstream_silence
+            lost = (
+                ctx.now - timedelta(seconds=last_word) if last_word is not None and last_word > 0 else ctx.now
+            )
+            out[member.name] = min(since.get(member.name, lost), lost)
         elif (silent := silent_since(member, ctx.now)) is not None:
-            out[member.name] = min(since[member.name], silent) if member.name in since else ctx.now
+            out[member.name] = min(since.get(member.name, silent), silent)
     return out
+
+
+def counted_votes(ctx: Context, votes_since: dict[str, datetime]) -> list[str]:
+    """The votes that confirm the failure: lost for detectionSeconds, and reported at this observation
+    and at the one before (a vote dated back to the primary's last word still needs two samples)."""
+    before = ctx.status.votes_since
+    return [n for n, when in votes_since.items() if ctx.now - when >= ctx.detection and n in before]
 
 
 def _assess(ctx: Context) -> Outcome:
@@ -192,7 +205,7 @@ def _assess(ctx: Context) -> Outcome:
             message=f"primary {old} unreachable for {elapsed:.0f}s; confirming for"
             f" {ctx.spec.failover.detection_seconds}s before failing over",
         )
-    votes = [name for name, when in votes_since.items() if ctx.now - when >= ctx.detection]
+    votes = counted_votes(ctx, votes_since)
     if len(votes) < needed:
         return Outcome(
             Phase.DEGRADED,

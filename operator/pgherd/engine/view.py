@@ -48,10 +48,11 @@ class MemberView:
     it has no receiver yet); on a primary, pg_current_wal_lsn; on a fenced member, its final WAL end
     when the adapter could read it (pg_controldata after a clean stop), else None.
     ``wal_receiver_streaming``: pg_stat_wal_receiver.status = 'streaming' (from ``upstream``).
-    ``upstream_silence``: while streaming, seconds since its upstream last said anything; and
-    ``upstream_heartbeat``: the longest silence a live upstream allows (wal_receiver_timeout / 2, when
-    the receiver asks it). A longer silence is a partition or a hung upstream: the receiver still says
-    streaming until wal_receiver_timeout, yet nothing arrives. None: unknown (or never asked).
+    ``upstream_silence``: seconds since its upstream last said anything (kept by its agent after the
+    receiver gave up on it); and ``upstream_heartbeat``: while streaming, the longest silence a live
+    upstream allows (wal_receiver_timeout / 2, when the receiver asks it). A longer silence is a
+    partition or a hung upstream: the receiver still says streaming until wal_receiver_timeout, yet
+    nothing arrives. None: unknown (or never asked).
     ``revision``: the spec revision the member runs (see ``pgherd.engine.revision``).
     ``sync``: synchronous_standby_names in force on this member (meaningful on the primary).
     ``fenced``: the adapter was asked to fence it (out of the rw endpoint, being stopped); cleared by
