@@ -14,7 +14,10 @@ before the next (and at the module's end whatever happens):
   primary's pod deleted by the fence (its kubelet still reaches it) so that it stops taking writes before
   the new one starts; in quorum mode it acknowledges nothing once cut off, and nothing acknowledged is
   lost; in async mode what it acknowledged between the cut and its stop is all that is lost (counted and
-  printed); healed, it rejoins as a replica.
+  printed); healed, it rejoins as a replica;
+- the operator, with a second replica beside it, cut off from the API server (the node's address): it
+  stops acting (says it lost the leadership) within its renew deadline, before the other replica takes
+  the Lease, and the other one carries out a switchover meanwhile.
 
 Every scenario's verdict from the prober's record: never two members accepting writes at the same
 moment, and no acknowledged write lost. The sandbox's members share 127.0.0.1 with the supervisor, so
@@ -25,6 +28,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 
@@ -184,3 +188,75 @@ def test_a_primary_cut_off_from_the_operator_and_the_replicas_is_replaced(
     print(f"[async] acknowledged by the cut-off primary and lost: {len(lost)} writes")
     # What async mode may lose: writes the old primary acknowledged after the cut, nothing before it.
     assert set(lost) <= {a.id for a in acked_after_cut}, lost[:20]
+
+
+LEASE = "pgherd-leader"  # the chart's Lease: <fullname>-leader
+RENEW_DEADLINE = 10.0  # pgherd.kube.leader: a holder that could not renew this long stops acting
+LEASE_DURATION = 15.0  # and another replica may take the Lease only after this without a renewal
+
+
+def _operator_log_time(cluster: LocalKubeDriver, pod: str, text: str, after: float) -> float | None:
+    """When the operator pod `pod` first logged `text` after `after` (epoch seconds), in its current
+    container's log or, restarted meanwhile (its liveness probe comes from the node), its previous one."""
+    found = []
+    for previous in ((), ("--previous",)):
+        out = cluster.kube.run(
+            "-n", cluster.operator_namespace, "logs", pod, "--timestamps=false", *previous, check=False
+        ).stdout  # fmt: skip
+        for line in out.splitlines():
+            if text not in line:
+                continue
+            try:
+                at = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").replace(tzinfo=UTC).timestamp()
+            except ValueError:
+                continue
+            if at > after:
+                found.append(at)
+    return min(found) if found else None
+
+
+def test_the_operator_cut_off_from_the_api_server_stops_and_another_replica_takes_over(
+    cluster: LocalKubeDriver,
+) -> None:
+    status = cluster.wait_for(unless_failed(healthy(INSTANCES)), 180, "a healthy cluster")
+    old_primary = str(status["primary"])
+    ns = ("-n", cluster.operator_namespace)
+    kube = cluster.kube
+    kube.run(*ns, "scale", "deployment", cluster.release, "--replicas=2")
+    try:
+        kube.run(*ns, "rollout", "status", f"deployment/{cluster.release}", "--timeout=180s", timeout=200)
+        leader = kube.json(*ns, "get", "lease", LEASE)["spec"]["holderIdentity"]
+        pods = kube.json(*ns, "get", "pods", "-l", "app.kubernetes.io/component=operator")["items"]
+        (other,) = [p["metadata"]["name"] for p in pods if p["metadata"]["name"] != leader]
+        cluster.partition([[f"operator/{leader}"], ["node"]])
+        cut = time.time()
+        try:
+            deadline = time.monotonic() + LEASE_DURATION + RENEW_DEADLINE + 20
+            while kube.json(*ns, "get", "lease", LEASE)["spec"]["holderIdentity"] != other:
+                assert time.monotonic() < deadline, f"{other} never took the Lease from {leader}"
+                time.sleep(0.5)
+            # The cluster is managed meanwhile: by the new leader, the old one still cut off.
+            cluster.switchover()
+            new_primary = cluster.wait_for(
+                lambda s: s.get("primary") not in (None, old_primary) and s.get("phase") == "Running",
+                120,
+                "the switchover done by the new leader",
+            )["primary"]
+        finally:
+            cluster.heal()
+        lost = _operator_log_time(cluster, leader, "lost the leadership", cut)
+        acquired = _operator_log_time(cluster, other, "acquired the leadership", cut)
+        print(
+            f"\n[operator cut from the API server at 0] {leader} stopped acting at"
+            f" {'-' if lost is None else f'{lost - cut:.1f} s'}, {other} took over at"
+            f" {'-' if acquired is None else f'{acquired - cut:.1f} s'}; switchover to {new_primary}"
+        )
+        assert lost is not None and acquired is not None
+        # Its last renewal was before the cut: it stops within the renew deadline (and a second of
+        # logging), before the Lease can pass to anyone else.
+        assert lost - cut <= RENEW_DEADLINE + 1.5, lost - cut
+        assert lost < acquired
+    finally:
+        kube.run(*ns, "scale", "deployment", cluster.release, "--replicas=1")
+        kube.run(*ns, "rollout", "status", f"deployment/{cluster.release}", "--timeout=180s", timeout=200)
+    cluster.wait_for(unless_failed(healthy(INSTANCES)), 180, "a healthy cluster with one operator")

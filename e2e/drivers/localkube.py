@@ -326,14 +326,16 @@ class LocalKubeDriver(KubeDriver):
 
     def addresses(self, name: str) -> list[str]:
         """The addresses behind a name of a partition group: a member (its pod's IP), "operator" (the
-        operator's pods) or "node" (the node: the API server, the kubelet, DNS, S3, this host's clients)."""
+        operator's pods), "operator/<pod>" (one of them) or "node" (the node: the API server, the kubelet, DNS, S3, this host's clients)."""
         if name == "node":
             return [Settings.from_json(self.localkube.state["settings"]).node_ip]
-        if name == "operator":
+        if name == "operator" or name.startswith("operator/"):
             pods = self.kube.json(
                 "-n", self.operator_namespace, "get", "pods", "-l",
                 "app.kubernetes.io/name=pgherd,app.kubernetes.io/component=operator",
             )["items"]  # fmt: skip
+            if name != "operator":  # operator/<pod>: one replica of the operator
+                pods = [p for p in pods if p["metadata"]["name"] == name.partition("/")[2]]
             found = [str(p["status"]["podIP"]) for p in pods if (p.get("status") or {}).get("podIP")]
         else:
             ip = (self.get("pods", name).get("status") or {}).get("podIP")

@@ -65,9 +65,11 @@ class LeaderElector:
         was = False
         while True:
             try:
-                await self._attempt()
+                # Bounded: an API server cut off answers nothing, and a request retried on its own
+                # could outlast the renew deadline; the loss is then known, logged and signalled on time.
+                await asyncio.wait_for(self._attempt(), timeout=self._attempt_timeout())
             except (ApiError, OSError, TimeoutError) as exc:
-                log.warning("leader election: %s", exc)
+                log.warning("leader election: %s", str(exc) or "no answer from the API server in time")
             except asyncio.CancelledError:
                 raise
             except Exception:  # never let the election die: the operator would act on nothing forever
@@ -83,6 +85,13 @@ class LeaderElector:
                 was = now
                 self.changed.set()
             await asyncio.sleep(self.retry)
+
+    def _attempt_timeout(self) -> float:
+        """Half the renew deadline, and never past the moment a holder stops holding."""
+        bound = self.renew_deadline / 2
+        if self._renewed_at is not None and self.holding():
+            bound = min(bound, self._renewed_at + self.renew_deadline - time.monotonic())
+        return max(bound, 0.05)
 
     async def _attempt(self) -> None:
         started = time.monotonic()
