@@ -71,3 +71,21 @@ def test_a_replica_that_followed_a_promotion_reports_the_new_timeline_without_it
 
     status = follower.status()
     assert status.role == "replica" and status.timeline == 2
+
+
+def test_a_diverged_replica_asked_to_follow_the_fork_is_rewound_not_repointed(agents):
+    """Its WAL receiver connects to the fork and says streaming for a moment before the startup process
+    refuses the timeline switch: a rejoin that trusted one such sample answered "re-pointed; streaming"
+    and the operator asked again and again (seen on localkube after a partition: ~20 rejoins in 60 s
+    before one waited long enough to rewind)."""
+    primary, replica, fork = _three(agents)
+    fork.client.fence(reason="left behind")
+    primary.sql("CREATE TABLE ahead AS SELECT generate_series(1, 1000) AS x")
+    _wait_replayed(replica, str(primary.value("SELECT pg_current_wal_lsn()")))
+    primary.client.fence(reason="gone")
+    fork.client.promote(reason="test")
+
+    result = replica.client.rejoin(fork.address, reason="follow the new primary")
+    assert result.method == "rewind", result
+    status = replica.wait_streaming()
+    assert (status.timeline, status.upstream) == (2, fork.address)

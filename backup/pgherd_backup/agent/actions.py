@@ -50,6 +50,7 @@ PROMOTE_WAIT = 60  # seconds pg_promote() waits for the end of recovery
 # stops it and rewinds (its history diverged, or the upstream is not ready yet).
 REPOINT_WAIT = 10.0
 SYNC_APPLY_WAIT = 5.0
+STEADY = 1.0  # a re-pointed receiver streams this long, unrestarted, before the rejoin says it follows
 
 
 def _timeline(inst: Instance) -> int | None:
@@ -165,20 +166,35 @@ def unfence(inst: Instance, request: UnfenceRequest) -> ActionResult:
 # -- rejoin ----------------------------------------------------------------------------------------------
 
 
-def _streams_from(inst: Instance, upstream: str) -> bool:
-    """The WAL receiver streams, over a connection to `upstream`'s host and port."""
+def _receiver_from(inst: Instance, upstream: str) -> int | None:
+    """The pid of the WAL receiver when it streams over a connection to `upstream`'s host and port."""
     wanted, _ = upstream_params(upstream)
     try:
         with inst.connect(timeout=1) as conn:
-            row = conn.execute("SELECT status, conninfo FROM pg_stat_wal_receiver").fetchone()
+            row = conn.execute("SELECT status, conninfo, pid FROM pg_stat_wal_receiver").fetchone()
     except psycopg.Error:
-        return False
+        return None
     if row is None or row[0] != "streaming" or not row[1]:
-        return False
+        return None
     used = conninfo_to_dict(row[1])
-    return str(used.get("host")) == str(wanted.get("host")) and str(used.get("port", "5432")) == str(
+    same = str(used.get("host")) == str(wanted.get("host")) and str(used.get("port", "5432")) == str(
         wanted.get("port", "5432")
     )
+    return int(row[2]) if same else None
+
+
+def _streams_from(inst: Instance, upstream: str) -> bool:
+    return _receiver_from(inst, upstream) is not None
+
+
+def _streams_steadily(inst: Instance, upstream: str) -> bool:
+    """Streams from `upstream`, and still by the same receiver STEADY later: a diverged replica's
+    receiver says streaming for a moment before the startup process refuses the upstream's timeline."""
+    pid = _receiver_from(inst, upstream)
+    if pid is None:
+        return False
+    time.sleep(STEADY)
+    return _receiver_from(inst, upstream) == pid
 
 
 def _repoint(inst: Instance, upstream: str) -> None:
@@ -229,13 +245,13 @@ def rejoin(inst: Instance, request: RejoinRequest) -> ActionResult:
         state = inst.settings_snapshot()
         role = inst.role() if inst.postmaster.alive else None
         if role == "replica" and not request.reclone and not state["fenced"]:
-            if state["upstream"] == upstream and _streams_from(inst, upstream):
+            if state["upstream"] == upstream and _streams_steadily(inst, upstream):
                 return ActionResult(
                     "rejoin", changed=False, method="none", detail="already streaming from it"
                 )
             _repoint(inst, upstream)
             inst.record(token, fenced=False, demoted=False, upstream=upstream)
-            if _wait(lambda: _streams_from(inst, upstream), REPOINT_WAIT):
+            if _wait(lambda: _streams_steadily(inst, upstream), REPOINT_WAIT):
                 return ActionResult(
                     "rejoin", method="repoint", detail="re-pointed; streaming", timeline=_timeline(inst)
                 )
