@@ -220,3 +220,21 @@ def test_a_receiver_that_gave_up_on_a_silent_primary_votes_from_its_last_word() 
     second = decide(spec, with_members(later(view, 12), down(view.members[0]), *again), first.status)
     assert second.status.votes_since == dict.fromkeys(("pg-1", "pg-2"), view.now)
     assert [type(a) for a in second.actions] == [A.Fence]
+
+
+def test_a_fenced_recorded_primary_with_no_operation_is_unfenced_again() -> None:
+    # Its Unfence was lost (it crashed; its agent started it again fenced): sent again, at once.
+    spec, view, status = settled()
+    fenced = replace(down(view.members[0]), fenced=True, stopped=True, timeline=1)
+    decision = decide(spec, with_members(view, fenced), status)
+    assert [type(a) for a in decision.actions] == [A.Unfence, A.SetPrimary]
+    assert decision.actions[0].member == "pg-0"  # type: ignore[union-attr]
+    # Not while another member runs as a primary, nor with data on an older timeline.
+    other = replace(view.members[1], role=Role.PRIMARY, upstream=None)
+    assert not [
+        a for a in decide(spec, with_members(view, fenced, other), status).actions if isinstance(a, A.Unfence)
+    ]
+    older = replace(fenced, timeline=0)
+    assert not [
+        a for a in decide(spec, with_members(view, older), status).actions if isinstance(a, A.Unfence)
+    ]

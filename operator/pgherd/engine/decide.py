@@ -133,6 +133,9 @@ def _route_initialized(ctx: Context) -> Outcome:
         resumed = failover.resume_in_place(ctx, Phase.UPGRADING if planned else Phase.DEGRADED)
         if resumed is not None:
             return resumed
+        unfenced = failover.unfence_again(ctx)
+        if unfenced is not None:
+            return unfenced
         if planned:
             assert operation is not None
             return rollout.advance(ctx, operation)

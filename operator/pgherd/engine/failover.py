@@ -26,7 +26,16 @@ from datetime import datetime, timedelta
 
 from pgherd.api.cluster import Phase
 from pgherd.engine import recovery
-from pgherd.engine.actions import Action, Demote, Fence, Promote, Rejoin, SetPrimary, SetSynchronousStandbys
+from pgherd.engine.actions import (
+    Action,
+    Demote,
+    Fence,
+    Promote,
+    Rejoin,
+    SetPrimary,
+    SetSynchronousStandbys,
+    Unfence,
+)
 from pgherd.engine.context import Context, Outcome, by_most_data, cannot_write
 from pgherd.engine.quorum import failover_keeps_commits, majority, steady_config
 from pgherd.engine.status import Operation, OperationKind
@@ -130,6 +139,31 @@ def resume_in_place(ctx: Context, phase: Phase = Phase.DEGRADED) -> Outcome | No
         replace(status, sync=None, sync_pending=config),
         (SetSynchronousStandbys(member.name, config, reason=why), Promote(member.name, reason=why)),
         message=why,
+    )
+
+
+def unfence_again(ctx: Context, phase: Phase = Phase.DEGRADED) -> Outcome | None:
+    """The recorded primary is fenced and stopped, and no operation is under way: the engine fences a
+    primary only inside an operation, and one that ended without a promotion sent Unfence, which was
+    lost (its PostgreSQL crashed meanwhile, and its agent started it again fenced, as the fence on its
+    volume says). Send it again, when nothing else can have been promoted (no other primary, on the
+    recorded timeline): it holds every commit it acknowledged. None otherwise."""
+    status = ctx.status
+    member = ctx.primary()
+    if status.operation is not None or member is None or not member.exists or member.absent:
+        return None
+    if not member.fenced or not member.stopped or not member.data_present:
+        return None
+    if status.timeline is not None and member.timeline is not None and member.timeline < status.timeline:
+        return None
+    if any(m.reachable and m.role is Role.PRIMARY for m in ctx.view.existing() if m.name != member.name):
+        return None
+    why = f"{member.name}, the primary, is fenced with no operation under way (a lost Unfence)"
+    return Outcome(
+        phase,
+        status,
+        (Unfence(member.name, reason=why), SetPrimary(member.name, reason=why)),
+        message=f"starting {member.name} read-write again: {why}",
     )
 
 
