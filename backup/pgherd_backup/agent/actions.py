@@ -20,6 +20,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from pgherd_backup.agent import restoring, upgrading
 from pgherd_backup.agent.instance import Instance, Refused, StartRole, describe_upstream, upstream_params
+from pgherd_backup.agent.isolation import isolated
 from pgherd_backup.agent.seeding import seed_and_start
 from pgherd_backup.agent.status import query_live
 from pgherd_backup.agent.wire import (
@@ -116,6 +117,24 @@ def fence(inst: Instance, request: FenceRequest) -> ActionResult:
         shutdown_clean=inst.wal.shutdown_clean(inst.pgdata),
         timeline=end.timeline if end is not None else None,
     )
+
+
+def fence_if_isolated(inst: Instance) -> bool:
+    """Periodic (run.py): the operator's isolation order is due and this primary hears too few replicas
+    (isolation.py): fence it, as the operator would. Whether it did."""
+    order = inst.isolation.due()
+    if order is None or not inst.postmaster.alive or inst.settings_snapshot()["fenced"]:
+        return False
+    try:
+        with inst.connect(timeout=1, statement_timeout=1.5) as conn:
+            why = isolated(conn, order)
+    except psycopg.Error:
+        return False  # PostgreSQL does not answer: nothing to tell, the next tick asks again
+    if why is None:
+        return False
+    inst.last_error = why
+    fence(inst, FenceRequest(reason=why))
+    return True
 
 
 def demote(inst: Instance, request: DemoteRequest) -> ActionResult:

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pgherd_backup.agent.isolation import ISOLATION_HEADER, IsolationOrder
 from pgherd_backup.agent.tls import client_context
 from pgherd_backup.agent.wire import (
     ActionResult,
@@ -108,8 +109,10 @@ class AgentClient:
         return f"AgentClient({self.base_url!r})"
 
     # -- observation ------------------------------------------------------------------------------
-    def status(self, timeout: float | None = None) -> Status:
-        body = self._call("GET", "/status", timeout=timeout or self.timeout)
+    def status(self, timeout: float | None = None, isolation: IsolationOrder | None = None) -> Status:
+        """/status; `isolation`: the order for a primary cut off (agent/isolation.py), sent with it."""
+        headers = {ISOLATION_HEADER: isolation.render()} if isolation is not None else None
+        body = self._call("GET", "/status", timeout=timeout or self.timeout, headers=headers)
         try:
             return Status.from_dict(body)
         except WireError as exc:
@@ -198,9 +201,15 @@ class AgentClient:
 
     # -- transport --------------------------------------------------------------------------------
     def _call(
-        self, method: str, path: str, payload: Mapping[str, Any] | None = None, *, timeout: float
+        self,
+        method: str,
+        path: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        timeout: float,
+        headers: Mapping[str, str] | None = None,
     ) -> Any:
-        status, text = self._request(method, path, payload, timeout, auth=True)
+        status, text = self._request(method, path, payload, timeout, auth=True, extra=headers)
         try:
             body = json.loads(text) if text else {}
         except ValueError:
@@ -223,9 +232,16 @@ class AgentClient:
         return http.client.HTTPSConnection(self.host, self.port, timeout=timeout, context=self._context)
 
     def _request(
-        self, method: str, path: str, payload: Mapping[str, Any] | None, timeout: float, *, auth: bool
+        self,
+        method: str,
+        path: str,
+        payload: Mapping[str, Any] | None,
+        timeout: float,
+        *,
+        auth: bool,
+        extra: Mapping[str, str] | None = None,
     ) -> tuple[int, str]:
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", **(extra or {})}
         data: bytes | None = None
         if payload is not None:
             data = json.dumps(payload).encode()

@@ -28,6 +28,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgherd_backup import __version__
 from pgherd_backup.agent.credentials import Credentials
+from pgherd_backup.agent.isolation import Isolation
 from pgherd_backup.agent.options import AgentOptions, read_parameters
 from pgherd_backup.agent.pgtls import PgTls, PgTlsFiles, hba_lines, speaks_tls, write_hba
 from pgherd_backup.agent.state import AgentState
@@ -228,6 +229,7 @@ class Instance:
         # When its upstream last said anything (monotonic), and which upstream: kept after the WAL
         # receiver gives up on a silent one (status.upstream_silence).
         self.upstream_heard: tuple[str, float] | None = None
+        self.isolation = Isolation()  # the operator's last word and order (isolation.py)
         self.boot_done = threading.Event()
         self._state_lock = threading.RLock()
         self._action_lock = threading.Lock()

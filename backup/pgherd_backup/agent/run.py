@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from pgherd_backup import logformat
 from pgherd_backup.agent import tls
+from pgherd_backup.agent.actions import fence_if_isolated
 from pgherd_backup.agent.credentials import Credentials, RedactingFilter, SecretFile
 from pgherd_backup.agent.instance import Instance
 from pgherd_backup.agent.options import AgentOptions
@@ -117,6 +118,10 @@ def run(options: AgentOptions) -> int:
         if reaper is not None:
             reaper.reap(keep=instance.postmaster.pid)
         ticks += 1
+        try:
+            fence_if_isolated(instance)
+        except Exception:  # never let the check stop the agent's loop
+            log.exception("the isolation check failed")
         if ticks % CERTIFICATE_CHECK == 0:
             instance.refresh_tls()
             if served is not None and (renewed := served.refresh()) is not None:

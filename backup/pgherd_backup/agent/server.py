@@ -38,6 +38,7 @@ import psycopg
 from pgherd_backup.agent import actions, status
 from pgherd_backup.agent.auth import Verdict, check_bearer
 from pgherd_backup.agent.instance import Busy, Instance, Refused
+from pgherd_backup.agent.isolation import ISOLATION_HEADER, IsolationOrder
 from pgherd_backup.agent.view import View
 from pgherd_backup.agent.wire import ACTIONS, ErrorBody, WireError
 from pgherd_backup.errors import BackupError, UsageError
@@ -330,6 +331,9 @@ class AgentServer:
             raise _Refusal(503, exc.message, "failed") from None
         verdict = check_bearer(request.headers.get("Authorization"), token)
         if verdict is Verdict.ALLOWED:
+            self.instance.isolation.heard_operator(
+                IsolationOrder.parse(request.headers.get(ISOLATION_HEADER))
+            )
             return
         how = "no credential" if verdict is Verdict.MISSING else "wrong credential"
         log.warning("refused %s %s from %s: %s", request.method, request.target, request.client, how)
