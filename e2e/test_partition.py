@@ -15,6 +15,8 @@ end whatever happens):
   the new one starts; in quorum mode it acknowledges nothing once cut off, and nothing acknowledged is
   lost; in async mode what it acknowledged between the cut and its stop is all that is lost (counted and
   printed); healed, it rejoins as a replica;
+- the primary cut off from its replicas while the operator is away (async mode): it fences itself within
+  the isolation bound of the operator's last word; the operator back, it is unfenced, nothing lost;
 - the operator, with a second replica beside it, cut off from the API server (the node's address): it
   stops acting (says it lost the leadership) within its renew deadline, before the other replica takes
   the Lease, and the other one carries out a switchover meanwhile.
@@ -38,6 +40,7 @@ from e2e.driver import NewCluster, healthy, replicas, unless_failed
 from e2e.drivers.localkube import LocalKubeDriver
 from e2e.prober import Prober, ensure_probe_table
 from e2e.workload import WriteLoad, present_ids
+from pgherd.agentview import ISOLATION_SECONDS
 
 DRIVER = os.environ.get("PGHERD_E2E_DRIVER", "local")
 pytestmark = [
@@ -206,6 +209,48 @@ def test_a_primary_cut_off_from_the_operator_and_the_replicas_is_replaced(
     print(f"[async] acknowledged by the cut-off primary and lost: {len(lost)} writes")
     # What async mode may lose: writes the old primary acknowledged after the cut, nothing before it.
     assert set(lost) <= {a.id for a in acked_after_cut}, lost[:20]
+
+
+def test_an_async_primary_cut_off_while_the_operator_is_away_fences_itself(
+    cluster: LocalKubeDriver, pg_version: int
+) -> None:
+    """No operator to fence it (stopped: as where a partition cuts the primary's node off, kubelet and
+    all), and no replica replying: the agent's own isolation check stops it within ISOLATION_SECONDS of
+    the operator's last word. The operator back, nothing was promoted: it is unfenced, nothing lost."""
+    status = use_mode(cluster, pg_version, "async")
+    primary = str(status["primary"])
+    others = sorted(replicas(status))
+    load = WriteLoad(cluster.rw_dsn).start()
+    try:
+        with prober(cluster) as probes:
+            load.wait_for_acks(20)
+            cluster.stop_operator()
+            silent = time.monotonic()  # the operator's last word to the agent came before this
+            cluster.partition([[primary], others])
+            cut = time.monotonic()
+            try:
+                time.sleep(ISOLATION_SECONDS + 8)
+            finally:
+                cluster.heal()
+            healed = time.monotonic()
+            cluster.resume_operator()
+            cluster.wait_for(unless_failed(healthy(INSTANCES)), 240, f"{primary} unfenced by the operator")
+            load.wait_for_acks(20)
+    finally:
+        report = load.stop()
+    during = [
+        p.ended for p in probes.probes if p.member == primary and p.accepted and cut <= p.started <= healed
+    ]
+    last = max(during, default=cut) - silent
+    print(
+        f"\n[isolation] the operator gone at 0, the replicas cut at {cut - silent:.1f} s: {primary} took its last write at {last:.1f} s"
+    )
+    assert during, "the primary took no write after the cut: the cut, not the isolation check, stopped it"
+    # The check runs every second, then a checkpoint and a fast shutdown.
+    assert last <= ISOLATION_SECONDS + 5, last
+    assert cluster.status()["primary"] == primary  # nothing promoted without an operator
+    assert probes.two_writers() == []
+    assert_no_acknowledged_write_lost(cluster, report)
 
 
 LEASE = "pgherd-leader"  # the chart's Lease: <fullname>-leader

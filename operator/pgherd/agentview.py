@@ -26,15 +26,17 @@ from pathlib import PurePath
 from typing import Any
 
 from pgherd.api.backup import unrestorable
-from pgherd.engine.quorum import SyncConfig
+from pgherd.engine.quorum import SyncConfig, majority
 from pgherd.engine.view import ActionEnd, JobKind, JobState, JobView, MemberView, Role
 from pgherd_backup.agent.client import AgentClient, AgentError
+from pgherd_backup.agent.isolation import IsolationOrder
 from pgherd_backup.agent.wire import Status, lsn_value
 
 __all__ = [
     "KEPT_STAMP",
     "STATUS_TIMEOUT",
     "fetch_statuses",
+    "isolation_order",
     "kept_aside_since",
     "member_view",
     "parse_sync_standby_names",
@@ -45,6 +47,21 @@ __all__ = [
 
 # Observation must never wait on one slow member: a dead primary is noticed within this bound.
 STATUS_TIMEOUT = 1.0
+
+# How long an async primary may go without a word from the operator, and without replies from enough
+# replicas for a majority, before it fences itself (agent/isolation.py): longer than an operator's
+# restart and its Lease's handover with the replicas there, short enough to bound what a primary cut
+# off where the operator cannot fence it (its node partitioned) acknowledges for nothing.
+ISOLATION_SECONDS = 15
+
+
+def isolation_order(detection_seconds: int, voters: int) -> IsolationOrder | None:
+    """The order sent with every /status: None for a single voter (it is its own majority)."""
+    peers = majority(voters) - 1 if voters else 0
+    if peers <= 0:
+        return None
+    return IsolationOrder(seconds=max(ISOLATION_SECONDS, 3 * detection_seconds), peers=peers)
+
 
 # Actions during which the agent may start PostgreSQL: a member running one of them is not stopped.
 _STOPPING_ONLY = frozenset({"fence"})
@@ -214,7 +231,9 @@ def kept_aside_since(paths: Iterable[str], since: datetime) -> list[str]:
 
 
 def fetch_statuses(
-    clients: Mapping[str, AgentClient], timeout: float = STATUS_TIMEOUT
+    clients: Mapping[str, AgentClient],
+    timeout: float = STATUS_TIMEOUT,
+    isolation: IsolationOrder | None = None,
 ) -> dict[str, Status | None]:
     """Every member's /status at once (one thread each), None for an agent that did not answer in
     ``timeout`` or answered with an error: one dead member never delays the others' observation."""
@@ -223,7 +242,7 @@ def fetch_statuses(
 
     def one(client: AgentClient) -> Status | None:
         try:
-            return client.status(timeout=timeout)
+            return client.status(timeout=timeout, isolation=isolation)
         except AgentError:
             return None
 

@@ -28,6 +28,7 @@ from typing import Any
 from pgherd.agentview import STATUS_TIMEOUT
 from pgherd.kube import metrics
 from pgherd_backup.agent.client import AgentClient, AgentError
+from pgherd_backup.agent.isolation import IsolationOrder
 from pgherd_backup.agent.wire import ActionResult, Status
 
 log = logging.getLogger("pgherd.kube.agents")
@@ -90,14 +91,18 @@ class Agents:
         )
 
     async def statuses(
-        self, addresses: Mapping[str, str], timeout: float = STATUS_TIMEOUT
+        self,
+        addresses: Mapping[str, str],
+        timeout: float = STATUS_TIMEOUT,
+        isolation: IsolationOrder | None = None,
     ) -> dict[str, Status | None]:
-        """Every member's /status at once; None for one that did not answer within ``timeout``."""
+        """Every member's /status at once (with the isolation order, agent/isolation.py); None for one
+        that did not answer within ``timeout``."""
 
         async def one(member: str, ip: str) -> Status | None:
             with metrics.agent_call("status") as outcome:
                 try:
-                    return await asyncio.to_thread(self.client(member, ip).status, timeout)
+                    return await asyncio.to_thread(self.client(member, ip).status, timeout, isolation)
                 except (AgentError, OSError) as exc:
                     outcome.failed(exc)
                     return None

@@ -28,6 +28,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from pgherd.agentview import isolation_order
 from pgherd.api.annotations import restart_request, rotate_request
 from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.engine import EngineStatus, decide
@@ -183,7 +184,11 @@ class ClusterLoop:
         # which), and a member left out would look unreachable (a re-pointed replica: quorum lost).
         addresses = {p["metadata"]["name"]: ip for p in objects.pods if (ip := pod_ip(p)) is not None}
         observed_at = time.monotonic()
-        statuses = self.agents.with_fences(await self.agents.statuses(addresses), objects.volume_uids())
+        assert self.engine is not None
+        order = isolation_order(spec.failover.detection_seconds, len(self.engine.voters))
+        statuses = self.agents.with_fences(
+            await self.agents.statuses(addresses, isolation=order), objects.volume_uids()
+        )
         self.polled = bool(addresses)
         switchover_to = self._switchover_target(body, objects, statuses)
         view = cluster_view(

@@ -44,6 +44,7 @@ from pgherd.local.observe import Observation, observation
 from pgherd.local.pods import Credentials, Pods
 from pgherd.local.state import MemberState, SandboxState, binaries_missing
 from pgherd_backup.agent.client import AgentClient, AgentError, AgentUnreachable
+from pgherd_backup.agent.isolation import IsolationOrder
 from pgherd_backup.agent.wire import ActionResult, FenceRequest, Status
 from pgherd_backup.postgres import parameters as user_parameters
 from pgherd_backup.postgres.config import Setting
@@ -99,6 +100,7 @@ class LocalPlatform:
         self.backups = Backups(paths, state, objects, self.jobs, self)
         self.members: dict[str, MemberState] = {}
         self.current_primary: str | None = None
+        self.isolation: IsolationOrder | None = None  # sent with every /status (agent/isolation.py)
         self.rw_member: str | None = (read_json(paths.rw_endpoint, {}) or {}).get("member")
         self._statuses: dict[str, Status | None] = {}
         self._workers: dict[str, threading.Thread] = {}
@@ -304,7 +306,9 @@ class LocalPlatform:
     def observe_members(self) -> tuple[list[MemberView], dict[str, Observation]]:
         ordered = sorted(self.members.values(), key=lambda m: m.ordinal)
         alive = {m.name: self.pods.running(m.name) for m in ordered}
-        statuses = fetch_statuses({m.name: self.client(m.name) for m in ordered if alive[m.name]})
+        statuses = fetch_statuses(
+            {m.name: self.client(m.name) for m in ordered if alive[m.name]}, isolation=self.isolation
+        )
         self._statuses = statuses
         resolve = port_resolver({m.port: m.name for m in ordered})
         views: list[MemberView] = []

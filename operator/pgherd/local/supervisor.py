@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from pgherd.agentview import isolation_order
 from pgherd.api.annotations import rotate_request
 from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.engine import Decision, EngineStatus, decide
@@ -146,6 +147,7 @@ class Supervisor:
         spec = PostgresClusterSpec.model_validate(cluster.get("spec") or {})
         status = self.engine_status()
         self.platform.current_primary = status.current_primary
+        self.platform.isolation = isolation_order(spec.failover.detection_seconds, len(status.voters))
         self.platform.rotate_certificates(rotate_request(cluster["metadata"]), spec)
         if not spec.paused:
             self.platform.keep_running(spec)
