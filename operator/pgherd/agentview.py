@@ -55,12 +55,13 @@ STATUS_TIMEOUT = 1.0
 ISOLATION_SECONDS = 15
 
 
-def isolation_order(detection_seconds: int, voters: int) -> IsolationOrder | None:
-    """The order sent with every /status: None for a single voter (it is its own majority)."""
-    peers = majority(voters) - 1 if voters else 0
-    if peers <= 0:
-        return None
-    return IsolationOrder(seconds=max(ISOLATION_SECONDS, 3 * detection_seconds), peers=peers)
+def isolation_order(detection_seconds: int, voters: int, *, steady: bool) -> IsolationOrder:
+    """The order sent with every /status. Its peers: a majority of the voters less the primary; none
+    (the check off, replacing any order sent before) for a single voter, which is its own majority, and
+    while an operation runs (an upgrade, a restore, a rollout), which may leave the primary without
+    replicas on purpose while the operator is away (killed, restarting)."""
+    peers = majority(voters) - 1 if voters and steady else 0
+    return IsolationOrder(seconds=max(ISOLATION_SECONDS, 3 * detection_seconds), peers=max(peers, 0))
 
 
 # Actions during which the agent may start PostgreSQL: a member running one of them is not stopped.

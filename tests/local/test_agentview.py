@@ -220,3 +220,17 @@ def test_a_finished_restore_is_its_last_action() -> None:
     # The agent answers but knows nothing of it (its state was lost): failed, saying so.
     forgotten = restore_job_view("r1", "c-0", _status(last_action=ActionOutcome("restore", True, "r0")))
     assert forgotten.state is JobState.FAILED and "no record of restore r1" in forgotten.message
+
+
+def test_the_isolation_order_follows_the_voters_and_is_off_during_operations() -> None:
+    from pgherd.agentview import isolation_order
+    from pgherd_backup.agent.isolation import IsolationOrder
+
+    assert isolation_order(3, 3, steady=True) == IsolationOrder(seconds=15, peers=1)
+    assert isolation_order(10, 5, steady=True) == IsolationOrder(seconds=30, peers=2)
+    assert isolation_order(3, 2, steady=True).peers == 1  # the replica is needed for a majority of two
+    assert isolation_order(3, 1, steady=True).peers == 0  # a single member is its own majority
+    assert isolation_order(3, 3, steady=False).peers == 0  # an upgrade may leave it alone on purpose
+    order = isolation_order(3, 3, steady=True)
+    assert IsolationOrder.parse(order.render()) == order
+    assert IsolationOrder.parse("seconds=x;peers=1") is None and IsolationOrder.parse(None) is None

@@ -68,7 +68,7 @@ class Isolation:
         """The order, when the operator has been silent for its `seconds`."""
         with self._lock:
             order = self._order
-            if order is None or self._clock() - self._heard < order.seconds:
+            if order is None or order.peers == 0 or self._clock() - self._heard < order.seconds:
                 return None
             return order
 

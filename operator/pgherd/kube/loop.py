@@ -185,7 +185,9 @@ class ClusterLoop:
         addresses = {p["metadata"]["name"]: ip for p in objects.pods if (ip := pod_ip(p)) is not None}
         observed_at = time.monotonic()
         assert self.engine is not None
-        order = isolation_order(spec.failover.detection_seconds, len(self.engine.voters))
+        order = isolation_order(
+            spec.failover.detection_seconds, len(self.engine.voters), steady=self.engine.operation is None
+        )
         statuses = self.agents.with_fences(
             await self.agents.statuses(addresses, isolation=order), objects.volume_uids()
         )

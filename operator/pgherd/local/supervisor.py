@@ -147,7 +147,9 @@ class Supervisor:
         spec = PostgresClusterSpec.model_validate(cluster.get("spec") or {})
         status = self.engine_status()
         self.platform.current_primary = status.current_primary
-        self.platform.isolation = isolation_order(spec.failover.detection_seconds, len(status.voters))
+        self.platform.isolation = isolation_order(
+            spec.failover.detection_seconds, len(status.voters), steady=status.operation is None
+        )
         self.platform.rotate_certificates(rotate_request(cluster["metadata"]), spec)
         if not spec.paused:
             self.platform.keep_running(spec)
