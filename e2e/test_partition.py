@@ -97,10 +97,12 @@ def use_mode(cluster: LocalKubeDriver, pg_version: int, mode: str) -> dict[str, 
         cluster.apply(manifests.cluster(NAME, postgres_version=pg_version, instances=INSTANCES, mode=mode))
 
     def in_mode(status: dict[str, object]) -> bool:
-        engine = status.get("engine")
-        sync = engine.get("sync") if isinstance(engine, dict) else None
-        k = sync.get("k") if isinstance(sync, dict) else None
-        return healthy(INSTANCES)(status) and k is not None and (k == 0) == (mode == "async")
+        if not healthy(INSTANCES)(status):
+            return False
+        # The synchronous standbys in force: the engine's record in the resource's own status.
+        raw = cluster.get("postgresclusters.pgherd.io", NAME).get("status") or {}
+        k = ((raw.get("engine") or {}).get("sync") or {}).get("k")
+        return k is not None and (k == 0) == (mode == "async")
 
     return cluster.wait_for(unless_failed(in_mode), 180, f"a healthy cluster in {mode} mode")
 
