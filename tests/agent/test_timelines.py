@@ -24,16 +24,21 @@ def _wait_replayed(agent: Agent, lsn: str) -> None:
     )
 
 
-def test_a_diverged_replica_reports_the_timeline_it_is_on(agents):
+def _diverged(agents) -> tuple[Agent, Agent, Agent]:
+    """A primary fenced, a replica ahead of the fork on timeline 1, and the fork promoted on its own:
+    timeline 2 forks from timeline 1 behind the replica."""
     primary, replica, fork = _three(agents)
     fork.client.fence(reason="left behind")
-    # The replica moves ahead on timeline 1, past what the fork holds...
     primary.sql("CREATE TABLE ahead AS SELECT generate_series(1, 1000) AS x")
     _wait_replayed(replica, str(primary.value("SELECT pg_current_wal_lsn()")))
     primary.client.fence(reason="gone")
-    # ...and the fork is promoted on its own: timeline 2 forks from timeline 1 behind the replica.
     fork.client.promote(reason="test")
     assert fork.status().timeline == 2
+    return primary, replica, fork
+
+
+def test_a_diverged_replica_reports_the_timeline_it_is_on(agents):
+    primary, replica, fork = _diverged(agents)
 
     # Pointed at the fork (by hand: the agent's rejoin would rewind it), the replica's walreceiver
     # fetches 00000002.history, but the replica cannot follow timeline 2: it stays on timeline 1.
@@ -78,13 +83,7 @@ def test_a_diverged_replica_asked_to_follow_the_fork_is_rewound_not_repointed(ag
     refuses the timeline switch: a rejoin that trusted one such sample answered "re-pointed; streaming"
     and the operator asked again and again (seen on localkube after a partition: ~20 rejoins in 60 s
     before one waited long enough to rewind)."""
-    primary, replica, fork = _three(agents)
-    fork.client.fence(reason="left behind")
-    primary.sql("CREATE TABLE ahead AS SELECT generate_series(1, 1000) AS x")
-    _wait_replayed(replica, str(primary.value("SELECT pg_current_wal_lsn()")))
-    primary.client.fence(reason="gone")
-    fork.client.promote(reason="test")
-
+    _, replica, fork = _diverged(agents)
     result = replica.client.rejoin(fork.address, reason="follow the new primary")
     assert result.method == "rewind", result
     status = replica.wait_streaming()

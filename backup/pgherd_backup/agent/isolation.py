@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import psycopg
@@ -52,15 +51,14 @@ class IsolationOrder:
 class Isolation:
     """When the operator was last heard from, and its last order (thread-safe)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._heard = clock()
+        self._heard = time.monotonic()
         self._order: IsolationOrder | None = None
 
     def heard_operator(self, order: IsolationOrder | None) -> None:
         with self._lock:
-            self._heard = self._clock()
+            self._heard = time.monotonic()
             if order is not None:
                 self._order = order
 
@@ -68,7 +66,7 @@ class Isolation:
         """The order, when the operator has been silent for its `seconds`."""
         with self._lock:
             order = self._order
-            if order is None or order.peers == 0 or self._clock() - self._heard < order.seconds:
+            if order is None or order.peers == 0 or time.monotonic() - self._heard < order.seconds:
                 return None
             return order
 

@@ -6,7 +6,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from pgherd_backup.errors import PostgresError
@@ -114,7 +114,12 @@ def kill(pgdata: Path | str, *, timeout: float = 10) -> None:
     pid = postmaster_pid(pgdata)
     if pid is None:
         return
-    victims = [pid, *child_processes(pid)]
+    _kill_and_wait([pid, *child_processes(pid)], timeout)
+
+
+def _kill_and_wait(pids: Iterable[int], timeout: float) -> None:
+    """SIGKILL each of `pids`, then wait (at most `timeout`) until none of them runs."""
+    victims = list(pids)
     for victim in victims:
         with contextlib.suppress(ProcessLookupError):
             os.kill(victim, signal.SIGKILL)
@@ -156,13 +161,7 @@ def kill_leftovers(pgdata: Path | str, *, timeout: float = 10) -> dict[int, str]
     """SIGKILL the `leftovers` of a dead postmaster on `pgdata` and wait until they are gone (a process
     in uninterruptible I/O dies when the I/O ends; at most `timeout`). Returns the ones killed."""
     found = leftovers(pgdata)
-    for pid in found:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + timeout
-    for pid in found:
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.02)
+    _kill_and_wait(found, timeout)
     return found
 
 
