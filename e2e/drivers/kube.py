@@ -152,6 +152,7 @@ class KubeDriver(PollingDriver):
         self._credentials: dict[str, str] | None = None
         self._applied = 0
         self._kept_down: set[str] = set()
+        self._held: set[str] = set()  # kept down since the nodes were cordoned
 
     # -- what a concrete driver provides ---------------------------------------------------------------
 
@@ -293,6 +294,7 @@ class KubeDriver(PollingDriver):
         unschedulable, until bring_back()."""
         if keep_down:
             self._kept_down.add(member)
+            self._held.add(member)
             self.cordon(True)
         claims: dict[str, str | None] = {}
         if wipe:
@@ -327,8 +329,29 @@ class KubeDriver(PollingDriver):
 
     def bring_back(self, member: str) -> None:
         self._kept_down.discard(member)
-        if not self._kept_down:
-            self.cordon(False)
+        if self._kept_down:
+            return
+        self.cordon(False)
+        # The scheduler should retry a pod it found unschedulable when its node is uncordoned; once in a
+        # landing CI run it held the pod for its 5-minute flush instead. A pod never scheduled has no
+        # container and no data: made again, it is scheduled at once.
+        held, self._held = self._held, set()
+        deadline = time.monotonic() + 10
+        while held and time.monotonic() < deadline:
+            held = {pod for pod in held if not self._scheduled_or_gone(pod)}
+            if held:
+                time.sleep(0.5)
+        for pod in sorted(held):
+            self.kube.run(
+                "-n", self.namespace, "delete", "pod", pod, "--grace-period=0", "--force", "--wait=false",
+                check=False,
+            )  # fmt: skip
+
+    def _scheduled_or_gone(self, member: str) -> bool:
+        found = self.kube.run(
+            "-n", self.namespace, "get", "pod", member, "-o", "jsonpath={.spec.nodeName}", check=False
+        )
+        return found.returncode != 0 or bool(found.stdout.strip())
 
     def cordon(self, cordoned: bool) -> None:
         """Every node cordoned (`kubectl cordon`), or uncordoned."""
