@@ -411,3 +411,34 @@ def test_a_failed_snapshot_job_says_what_its_command_said() -> None:
     assert seen.state is JobState.FAILED and seen.message == line
     # Without any pod's word, the Job controller's reason.
     assert observed_job(failed_job).message == "BackoffLimitExceeded"
+
+
+def _slice(*endpoints: tuple[str, bool | None]) -> dict[str, Any]:
+    listed = []
+    for target, ready in endpoints:
+        conditions = {} if ready is None else {"ready": ready}
+        listed.append({"conditions": conditions, "targetRef": {"kind": "Pod", "name": target}})
+    return {"name": "db-rw-abcde", "endpoints": listed}
+
+
+def test_the_rw_routes_are_the_ready_endpoints_of_the_rw_slices() -> None:
+    def routes(*slices: dict[str, Any]) -> frozenset[str] | None:
+        objects = ClusterObjects(cluster(), pods=[pod("db-0", role=names.ROLE_PRIMARY)], statefulset=sts(1))
+        objects.rw_slices = list(slices)
+        return cluster_view(objects, {}, NOW, switchover_to=None).rw_routes
+
+    assert routes() == frozenset()  # no slice yet: routes to nothing
+    assert routes(_slice(("db-0", False))) == frozenset()  # listed, not ready (kubelet's readiness)
+    assert routes(_slice(("db-0", None))) == {"db-0"}  # unset ready means ready (discovery.k8s.io/v1)
+    assert routes(_slice(("db-0", True)), _slice(("db-1", True))) == {"db-0", "db-1"}
+    unwatched = ClusterObjects(cluster(), pods=[pod("db-0")], statefulset=sts(1))
+    assert cluster_view(unwatched, {}, NOW, switchover_to=None).rw_routes is None
+
+
+def test_a_member_is_ready_for_its_services_when_the_kubelet_says_so() -> None:
+    unready, ready = pod("db-0"), pod("db-1")
+    ready["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    unready["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    objects = ClusterObjects(cluster(), pods=[unready, ready], statefulset=sts(2))
+    views = members(objects, {"db-0": agent("db-0"), "db-1": agent("db-1")})
+    assert [(v.ready, v.platform_ready) for v in views] == [(True, False), (True, True)]

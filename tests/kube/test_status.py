@@ -3,7 +3,10 @@ timestamp changed (every tick builds it; 500 clusters must not write 500 statuse
 
 from __future__ import annotations
 
-from pgherd.kube.status import merge_patch, unchanged
+from datetime import UTC, datetime
+
+from pgherd.engine.view import ClusterView, MemberView, Role
+from pgherd.kube.status import members, merge_patch, unchanged
 
 CONDITION = {"type": "Ready", "status": "True", "reason": "Ok", "message": "", "observedGeneration": 1}
 
@@ -61,3 +64,15 @@ def test_the_merge_patch_nulls_nested_keys_only() -> None:
     stored = {"engine": {"a": 1, "op": {"x": 1, "y": 2}}, "written": "by someone else", "members": [{"n": 1}]}
     document = {"engine": {"op": {"x": 2}}, "members": []}
     assert merge_patch(document, stored) == {"engine": {"op": {"x": 2, "y": None}, "a": None}, "members": []}
+
+
+def test_a_member_counts_as_ready_once_the_kubelet_says_so_too() -> None:
+    def member(name: str, platform_ready: bool | None) -> MemberView:
+        return MemberView(
+            name, int(name[-1]), reachable=True, role=Role.REPLICA, ready=True, platform_ready=platform_ready
+        )
+
+    view = ClusterView(
+        "db", datetime(2026, 11, 28, tzinfo=UTC), (member("db-0", True), member("db-1", False))
+    )
+    assert [m["ready"] for m in members(view, "db-0")] == [True, False]

@@ -151,6 +151,23 @@ def _rejoin_action(ctx: Context, member: MemberView, primary: str, reclone: bool
     return Rejoin(member.name, primary, reclone=reclone or stray or other_major, reason="follow")
 
 
+def routing_pending(ctx: Context, primary: str) -> list[str]:
+    """What the platform's routing still lacks while the engine's own work is done: the rw endpoint
+    routing to the primary alone, and every ready member ready for the platform too (its Services)."""
+    notes = []
+    routes = ctx.view.rw_routes
+    if ctx.view.rw_member == primary and routes is not None and routes != {primary}:
+        others = sorted(routes - {primary})
+        if primary not in routes:
+            notes.append(f"the rw endpoint does not route to {primary} yet")
+        if others:
+            notes.append(f"the rw endpoint still routes to {', '.join(others)}")
+    waiting = [m.name for m in ctx.view.existing() if m.ready and m.platform_ready is False]
+    if waiting:
+        notes.append(f"{', '.join(waiting)} not yet ready for its Services (readiness probe)")
+    return notes
+
+
 def maintain(ctx: Context, reclone: frozenset[str] = frozenset()) -> Outcome:
     return upkeep(ctx, reclone).outcome
 
@@ -167,6 +184,8 @@ def upkeep(ctx: Context, reclone: frozenset[str] = frozenset()) -> Upkeep:
     if ctx.view.rw_member != primary.name:
         actions.append(SetPrimary(primary.name, reason=f"the rw endpoint selects {ctx.view.rw_member}"))
         notes.append(f"pointing the rw endpoint at {primary.name}")
+    unrouted = routing_pending(ctx, primary.name)
+    notes += unrouted
     for name in ctx.expected_names():
         member = ctx.view.member(name)
         if member is None or not member.exists:
@@ -221,7 +240,11 @@ def upkeep(ctx: Context, reclone: frozenset[str] = frozenset()) -> Upkeep:
     expected = set(ctx.expected_names()) - {kept}
     healthy = {m.name for m in ctx.healthy_replicas()} | {primary.name}
     settled = (
-        not actions and status.sync_pending is None and expected <= healthy and expected == set(status.voters)
+        not actions
+        and not unrouted
+        and status.sync_pending is None
+        and expected <= healthy
+        and expected == set(status.voters)
     )
     status = replace(status, primary_lost_since=None, votes_since={}, quorum_lost_since=None)
     if settled and not status.complete:

@@ -89,6 +89,9 @@ class MemberView:
     upstream_silence: float | None = None
     upstream_heartbeat: float | None = None
     ready: bool = False
+    # The platform's own word on readiness (Kubernetes: the kubelet's Ready condition, which decides the
+    # Services' endpoints); None where the platform has none (the sandbox routes at once).
+    platform_ready: bool | None = None
     revision: str | None = None
     data_present: bool = True
     fenced: bool = False
@@ -241,6 +244,10 @@ class ClusterView:
     # last SetPrimary); None when it selects none. Upkeep re-points it whenever it is not the primary:
     # an operator that crashed between recording a new primary and applying SetPrimary repairs it.
     rw_member: str | None = None
+    # The members the rw endpoint routes to now (Kubernetes: the ready addresses of the -rw Service's
+    # EndpointSlices); None where routing follows rw_member at once (the sandbox). Until it is the
+    # primary alone the cluster is not Running: a client following the status would connect into nothing.
+    rw_routes: frozenset[str] | None = None
     # The image the platform runs the members on for this spec (None: no image, the sandbox): part of
     # the spec revision (see pgherd.engine.revision).
     image: str | None = None

@@ -81,6 +81,10 @@ class ConstantDiffBase(kopf.AnnotationsDiffBaseStorage):
         return {}
 
 
+# Set by the EndpointSlice controller on every slice of a Service: the Service's name.
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+
+
 def _key(namespace: str | None, cluster: str | None) -> tuple[str, str] | None:
     return None if namespace is None or cluster is None else (namespace, cluster)
 
@@ -192,6 +196,25 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
         key = _key(kwargs["namespace"], kwargs["labels"].get(names.LABEL_CLUSTER))
         return None if key is None else {key: _plain(kwargs["body"])}
 
+    @kopf.index(
+        "discovery.k8s.io", "v1", "endpointslices", labels=cluster_labels, id="pgherd_rw_slices",
+        registry=registry,
+    )  # fmt: skip
+    async def pgherd_rw_slices(**kwargs: Any) -> Any:
+        # The -rw Service's slices only (the controller copies the Service's labels onto them), and of
+        # each only what says where it routes: Running waits for it (observe.rw_routes).
+        labels = kwargs["labels"]
+        cluster = labels.get(names.LABEL_CLUSTER)
+        key = _key(kwargs["namespace"], cluster)
+        if key is None or labels.get(SERVICE_NAME_LABEL) != names.service_rw(str(cluster)):
+            return None
+        operator.wakeups.wake(*key)
+        endpoints = [
+            {"conditions": e.get("conditions") or {}, "targetRef": e.get("targetRef") or {}}
+            for e in kwargs["body"].get("endpoints") or []
+        ]
+        return {key: {"name": kwargs["name"], "endpoints": endpoints}}
+
     @kopf.index(names.GROUP, names.VERSION, names.PLURAL_BACKUPS, id="pgherd_backups", registry=registry)
     async def pgherd_backups(**kwargs: Any) -> Any:
         key = _key(kwargs["namespace"], (kwargs["spec"].get("cluster") or {}).get("name"))
@@ -268,6 +291,7 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
         statefulsets: kopf.Index[Any, Any] = kwargs["pgherd_statefulsets"]
         backups: kopf.Index[Any, Any] = kwargs["pgherd_backups"]
         restores: kopf.Index[Any, Any] = kwargs["pgherd_restores"]
+        rw_slices: kopf.Index[Any, Any] = kwargs["pgherd_rw_slices"]
 
         def gather(cluster: JSON) -> ClusterObjects:
             all_pods = _values(pods, key)
@@ -282,6 +306,7 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
                 statefulset=sets[0] if sets else None,
                 backups=_values(backups, key),
                 restores=_values(restores, key),
+                rw_slices=_values(rw_slices, key),
             )
 
         with log_context(namespace=namespace, cluster=name):

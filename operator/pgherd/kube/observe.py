@@ -55,6 +55,8 @@ class ClusterObjects:
     statefulset: JSON | None = None
     backups: list[JSON] = field(default_factory=list)
     restores: list[JSON] = field(default_factory=list)
+    # The -rw Service's EndpointSlices; None: not watched (the operator cannot tell where -rw routes).
+    rw_slices: list[JSON] | None = None
 
     @property
     def name(self) -> str:
@@ -181,6 +183,7 @@ def members(
             views.append(MemberView(name=name, ordinal=ordinal, exists=False, stopped=True, absent=True))
             continue
         view = member_view(name, ordinal, status, resolve_upstream=resolve, process_gone=process_gone(pod))
+        view = replace(view, platform_ready=pod_ready(pod))
         if status is not None and not status.data_present and status.action is None:
             # Its agent answers for an empty volume: seeded by CreateMember, or restored into.
             view = MemberView(
@@ -198,6 +201,29 @@ def members(
             view = replace(view, data_present=False)
         views.append(view)
     return views
+
+
+def pod_ready(pod: JSON | None) -> bool:
+    """The kubelet's Ready condition: what puts the pod's address among its Services' ready endpoints."""
+    conditions = ((pod or {}).get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def rw_routes(objects: ClusterObjects) -> frozenset[str] | None:
+    """The members the -rw Service routes to: the ready endpoints of its EndpointSlices (what kube-proxy
+    programs), by the pod they name. None when the slices are not watched."""
+    if objects.rw_slices is None:
+        return None
+    routed = set()
+    for endpoint_slice in objects.rw_slices:
+        for endpoint in endpoint_slice.get("endpoints") or []:
+            # An unset ready condition means ready (discovery.k8s.io/v1).
+            if (endpoint.get("conditions") or {}).get("ready") is False:
+                continue
+            target = endpoint.get("targetRef") or {}
+            if target.get("kind") == "Pod" and target.get("name"):
+                routed.add(str(target["name"]))
+    return frozenset(routed)
 
 
 def rw_member(objects: ClusterObjects) -> str | None:
@@ -426,6 +452,7 @@ def cluster_view(
         generation=meta.get("generation"),
         switchover_to=switchover_to,
         rw_member=rw_member(objects),
+        rw_routes=rw_routes(objects),
         image=image,
         restart=restart_request(meta),
         **upgrade_requests(meta),

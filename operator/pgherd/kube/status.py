@@ -72,7 +72,8 @@ def members(
             {
                 "name": member.name,
                 "role": member_role(member),
-                "ready": member.ready,
+                # Ready for clients: the agent's word and, where there is one, the platform's (kubelet).
+                "ready": member.ready and member.platform_ready is not False,
                 "reachable": member.reachable,
                 "timeline": member.timeline,
                 "version": agent.server_version if agent is not None else None,
