@@ -11,6 +11,7 @@ import pytest
 from e2e import manifests
 from e2e.checks import assert_no_acknowledged_write_lost, in_recovery, wait_ids_on_member
 from e2e.driver import Driver, NewCluster, healthy, replicas
+from e2e.drivers.kube import KubeDriver
 from e2e.workload import WriteLoad
 
 pytestmark = pytest.mark.e2e
@@ -60,3 +61,45 @@ def test_switchover_under_load(
     assert not in_recovery(cluster, new)
     assert in_recovery(cluster, old), f"the old primary {old} is not following {new}"
     wait_ids_on_member(cluster, old, report.acked_ids(), timeout=30)
+
+
+def test_running_means_the_rw_service_routes_to_the_primary(cluster: Driver) -> None:
+    """At the first status that says Running after a switchover, the -rw Service's EndpointSlice already
+    routes to the new primary alone, and every member pod is Ready for the kubelet (a client that follows
+    the status must not connect into nothing)."""
+    if not isinstance(cluster, KubeDriver):
+        pytest.skip("Kubernetes only: the sandbox's rw endpoint follows the primary at once")
+    before = cluster.wait_for(healthy(3), 120, "a healthy cluster before the switchover")
+    old = str(before["primary"])
+    cluster.switchover()
+    deadline = time.monotonic() + 90
+    while True:
+        status = cluster.get("postgresclusters.pgherd.io", NAME).get("status") or {}
+        if status.get("phase") == "Running" and status.get("currentPrimary") not in (None, old):
+            break
+        assert time.monotonic() < deadline, f"no Running after the switchover from {old}: {status}"
+        time.sleep(0.1)
+    slices = cluster.kube.json(
+        "-n", cluster.namespace, "get", "endpointslices", "-l", f"kubernetes.io/service-name={NAME}-rw"
+    )["items"]
+    pods = cluster.kube.json("-n", cluster.namespace, "get", "pods", "-l", f"pgherd.io/cluster={NAME}")[
+        "items"
+    ]
+    routed = {
+        str((e.get("targetRef") or {}).get("name"))
+        for s in slices
+        for e in s.get("endpoints") or []
+        if (e.get("conditions") or {}).get("ready") is not False
+    }
+    new = status["currentPrimary"]
+    assert routed == {new}, f"Running with {new} primary, the -rw Service routes to {sorted(routed)}"
+    members = {p["metadata"]["name"]: p for p in pods if p["metadata"]["name"].startswith(f"{NAME}-")}
+    unready = [
+        name
+        for name, pod in members.items()
+        if not any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in pod["status"].get("conditions") or []
+        )
+    ]
+    assert status.get("readyInstances") == 3 and not unready, (status.get("readyInstances"), unready)
