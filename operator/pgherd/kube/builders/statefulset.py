@@ -38,10 +38,12 @@ AGENT_COMMAND = ["pgherd", "instance", "run"]
 TERMINATION_GRACE_SECONDS = 120
 
 # Probes (docs/agent.md: what they mean). The startup probe keeps liveness away while a member starts
-# or replays WAL after a crash: up to an hour (360 x 10 s) — seeding itself runs behind an action and
-# answers /startupz with 200, but a first start after a large restore replays a lot of WAL.
-STARTUP_PERIOD_SECONDS = 10
-STARTUP_FAILURE_THRESHOLD = 360
+# or replays WAL after a crash: up to an hour (3600 x 1 s) — seeding itself runs behind an action and
+# answers /startupz with 200, but a first start after a large restore replays a lot of WAL. Every 1 s:
+# readiness is not probed before it passes, so its period delays a restarted primary's return to the
+# -rw Service (10 s held a crashed primary restarted in place out of it for up to 10 s more).
+STARTUP_PERIOD_SECONDS = 1
+STARTUP_FAILURE_THRESHOLD = 3600
 # Liveness restarts the container only when PostgreSQL should run and cannot: 60 s of failures, longer
 # than the agent's own crash restarts back off (30 s), so the agent always gets its chance first.
 LIVENESS_PERIOD_SECONDS = 10
