@@ -128,12 +128,21 @@ def ctr(layout: Layout, *args: str) -> str:
 def import_archive(layout: Layout, archive: Path, name: str, *extra_names: str) -> None:
     """Import an OCI archive as `name` (its index kept under that name, whatever the archive's own
     annotations say), then give it `extra_names` too. Right after the archive was written anew,
-    containerd 1.6 may refuse it ("content digest sha256:...: not found"): once it took the same file at
-    the next attempt, once (2026-11-27) it refused three attempts in 6 s and took it a minute later.
-    Tried for up to about two minutes, waiting longer each time."""
-    for delay in (2, 4, 8, 15, 30, 60, None):
+    containerd 1.6 may refuse it, naming the digest of the archive's index.json ("content digest
+    sha256:...: not found"): once it took the same file at the next attempt, once (2026-11-27) a minute
+    later, once (2026-11-28) not within two minutes. Every other attempt therefore imports the image by
+    the manifest the archive names (its ref.name annotation), which does not need the index as content,
+    and tags it. Tried for up to about two minutes, waiting longer each time."""
+    by_manifest = _annotated_name(archive)
+    for attempt, delay in enumerate((2, 4, 8, 15, 30, 60, None)):
+        plain = by_manifest is not None and attempt % 2 == 1
         try:
-            ctr(layout, "images", "import", "--index-name", name, str(archive))
+            if plain:
+                ctr(layout, "images", "import", str(archive))
+                if by_manifest != name:
+                    ctr(layout, "images", "tag", "--force", str(by_manifest), name)
+            else:
+                ctr(layout, "images", "import", "--index-name", name, str(archive))
             break
         except ImageError as exc:
             if delay is None or "not found" not in str(exc):
@@ -142,6 +151,18 @@ def import_archive(layout: Layout, archive: Path, name: str, *extra_names: str) 
             time.sleep(delay)
     for extra in extra_names:
         ctr(layout, "images", "tag", "--force", name, extra)
+
+
+def _annotated_name(archive: Path) -> str | None:
+    """The image name the archive's index gives its one manifest (org.opencontainers.image.ref.name),
+    when it is a whole reference."""
+    with tarfile.open(archive) as tar:
+        member = tar.extractfile("index.json")
+        index = json.load(member) if member is not None else {}
+    manifests = index.get("manifests") or []
+    annotations = (manifests[0].get("annotations") or {}) if len(manifests) == 1 else {}
+    ref = annotations.get("org.opencontainers.image.ref.name")
+    return str(ref) if ref and "/" in ref and ":" in ref else None
 
 
 def node_images(layout: Layout) -> None:
