@@ -1,0 +1,209 @@
+"""The timeline of one switchover on localkube, under a write loop through the `-rw` Service's ClusterIP:
+the request, the operator's steps (its log), the role labels and the `-rw` EndpointSlice as watches
+deliver them, kube-proxy's rule syncs (its metric kubeproxy_sync_proxy_rules_last_timestamp_seconds)
+and the writes (the last acknowledged before, each window of failed writes).
+
+    PGHERD_E2E_LOCALKUBE_DIR=/tmp/lk .venv/bin/python bench/switchover_timeline.py [--switchovers 3]
+
+It needs a localkube brought up with the operator (python -m e2e.localkube up --dir DIR). Every time is
+this machine's clock, relative to the request. Run by hand: it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make `e2e` importable from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from e2e import manifests
+from e2e.driver import healthy
+from e2e.drivers.localkube import LocalKubeDriver
+from e2e.workload import WriteLoad
+
+JSON = dict[str, Any]
+NAME = "timeline"
+OPERATOR_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ (\S+): (.*)$")
+
+
+@dataclass
+class Timeline:
+    events: list[tuple[float, str]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, at: float, what: str) -> None:
+        with self.lock:
+            self.events.append((at, what))
+
+
+def _watch(
+    argv: list[str], timeline: Timeline, describe: Callable[[JSON], tuple[str, str]], stop: threading.Event
+) -> None:
+    """`kubectl get ... -w -o json`: each object as it arrives, described when its description changes."""
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    decoder = json.JSONDecoder()
+    buffer = ""
+    seen: dict[str, str] = {}
+    assert process.stdout is not None
+    try:
+        while not stop.is_set():
+            chunk = process.stdout.readline()
+            if not chunk:
+                break
+            buffer += chunk
+            while buffer.strip():
+                try:
+                    obj, end = decoder.raw_decode(buffer.lstrip())
+                except json.JSONDecodeError:
+                    break
+                buffer = buffer.lstrip()[end:]
+                key, text = describe(obj)
+                if seen.get(key) != text:
+                    seen[key] = text
+                    timeline.add(time.time(), text)
+    finally:
+        process.kill()
+
+
+def _slice(obj: JSON) -> tuple[str, str]:
+    ready = sorted(
+        str((e.get("targetRef") or {}).get("name"))
+        for e in obj.get("endpoints") or []
+        if (e.get("conditions") or {}).get("ready") is not False
+    )
+    return "slice", f"-rw EndpointSlice routes to {', '.join(ready) or 'nothing'}"
+
+
+def _pod(obj: JSON) -> tuple[str, str]:
+    name = obj["metadata"]["name"]
+    role = (obj["metadata"].get("labels") or {}).get("pgherd.io/role") or "none"
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (obj.get("status") or {}).get("conditions") or []
+    )
+    return name, f"pod {name}: role label {role}, {'Ready' if ready else 'not Ready'}"
+
+
+def _proxy_syncs(port: int, timeline: Timeline, stop: threading.Event) -> None:
+    last = None
+    while not stop.is_set():
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as answer:
+                text = answer.read().decode()
+            for line in text.splitlines():
+                if line.startswith('kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"}'):
+                    value = float(line.split()[-1])
+                    if value != last:
+                        if last is not None:
+                            timeline.add(value, "kube-proxy synced its rules")
+                        last = value
+        except OSError:
+            pass
+        time.sleep(0.02)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--switchovers", type=int, default=3)
+    args = parser.parse_args()
+    lk_dir = Path(os.environ["PGHERD_E2E_LOCALKUBE_DIR"])
+    ports = json.loads((lk_dir / "state.json").read_text())["settings"]["ports"]
+    driver = LocalKubeDriver(Path(tempfile.mkdtemp(prefix="pgherd-timeline-")), NAME)
+    driver.apply(
+        manifests.cluster(NAME, postgres_version=driver.postgres_version, instances=3, mode="quorum")
+    )
+    try:
+        driver.wait_for(healthy(3), 300, "a healthy cluster")
+        load = WriteLoad(driver.rw_dsn, pause=0.002).start()
+        load.wait_for_acks(200)
+        for run in range(1, args.switchovers + 1):
+            driver.wait_for(healthy(3), 120, "a healthy cluster")
+            time.sleep(2)
+            _one(driver, load, ports["proxy_metrics"], run)
+        load.stop()
+    finally:
+        driver.down()
+
+
+def _one(driver: LocalKubeDriver, load: WriteLoad, proxy_port: int, run: int) -> None:
+    timeline = Timeline()
+    stop = threading.Event()
+    kubectl = [*driver.kube.kubectl, "-n", driver.namespace, "get", "-w", "-o", "json"]
+    threads = [
+        threading.Thread(
+            target=_watch,
+            args=(
+                [*kubectl, "endpointslices", "-l", f"kubernetes.io/service-name={NAME}-rw"],
+                timeline,
+                _slice,
+                stop,
+            ),
+        ),
+        threading.Thread(
+            target=_watch, args=([*kubectl, "pods", "-l", f"pgherd.io/cluster={NAME}"], timeline, _pod, stop)
+        ),
+        threading.Thread(target=_proxy_syncs, args=(proxy_port, timeline, stop)),
+    ]
+    for thread in threads:
+        thread.daemon = True
+        thread.start()
+    time.sleep(2)  # the watches' initial lists
+    with timeline.lock:
+        timeline.events.clear()
+    old = driver.status().get("primary")
+    requested = time.time()
+    mono_requested = time.monotonic()
+    timeline.add(requested, f"switchover requested (annotation), primary {old}")
+    driver.switchover()
+    deadline = time.monotonic() + 60
+    while driver.status().get("primary") in (None, old) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    load.wait_for_acks(100)
+    time.sleep(1)
+    stop.set()
+    offset = requested - mono_requested  # monotonic -> wall clock
+    report = load.snapshot()
+    before = report.last_ack_before(mono_requested + 0.0)
+    if before is not None:
+        timeline.add(before.ended + offset, "last write acknowledged before the request")
+    for window in report.failure_windows():
+        if window.end >= mono_requested:
+            timeline.add(
+                window.start + offset, f"writes fail ({window.failures}x: {window.first_error[:90]})"
+            )
+            timeline.add(window.end + offset, "writes acknowledged again")
+    gap = report.max_gap(since=mono_requested, until=time.monotonic())
+    logs = driver.kube.run(
+        "-n", "pgherd-system", "logs", "deployment/pgherd", "--since=2m", check=False
+    ).stdout.splitlines()
+    for line in logs:
+        match = OPERATOR_LINE.match(line)
+        if not match or NAME not in line:
+            continue
+        at = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        if at >= requested - 0.5:
+            timeline.add(at, f"operator: {match.group(3).split(': ', 1)[-1][:110]}")
+    print(f"\nswitchover {run} from {old}: longest write gap {gap:.2f} s")
+    for at, what in sorted(timeline.events):
+        if at >= requested - 0.5:
+            print(f"  {at - requested:+7.3f} s  {what}")
+
+
+if __name__ == "__main__":
+    main()
