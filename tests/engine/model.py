@@ -411,12 +411,15 @@ class ModelCluster:
         node.receive_start = len(node.wal) // 2 if node.unsettled else None
 
     def crash(self, node: Node, pod_lost: bool = True) -> None:
-        """PostgreSQL dies; with ``pod_lost`` its agent too (a lost pod, until ``restart``)."""
+        """PostgreSQL dies; with ``pod_lost`` its agent too (a lost pod, until ``restart``). A restart in
+        flight then ends read-only: the order to start read-write was its agent's (kube/actions.py
+        restart_member, local/platform.py), gone with it; the new pod's agent starts a standby."""
         if node.running:
             node.running = False
             node.shutdown_clean = False
         if pod_lost and not node.isolated:
             node.pod_up = False
+            node.restart_as_primary = False
 
     def restart(self, node: Node) -> None:
         """The platform's own restart of a dead member (a kubelet restarting a container): its agent

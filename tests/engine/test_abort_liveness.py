@@ -28,3 +28,55 @@ def test_an_abandoned_switchover_whose_old_primary_crashed_leaves_a_writable_pri
     state.crash(node=0)
     state.long_wait(seconds=10)
     state.teardown()
+
+
+def _switchover_abandoned_while_its_primary_pod_is_lost(state: ClusterMachine) -> None:
+    """A switchover away from a terminating primary is abandoned (its stop killed, no final WAL end),
+    started again, and the primary stops for good at the end of its grace period, then loses its pod:
+    the next switchover is abandoned (the fence not confirmed in time) and sends an Unfence that no agent
+    can receive."""
+    state.setup(
+        instances=3,
+        quorum=False,
+        method=PrimaryUpdateMethod.SWITCHOVER,
+        restore_on_loss=False,
+        fence_lags=True,
+        with_backup=False,
+    )
+    state.request_backup()
+    state.switchover_whose_stop_is_killed(base=1, count=1, node=0, rounds=2, skipped=set(), terminate=True)
+    state.operator_rounds(rounds=2, seconds=0.5)
+
+
+def test_an_abandoned_switchover_whose_old_primary_lost_its_pod_owes_nothing_until_it_is_back() -> None:
+    """Found by the property search (2026-11-28, run after the other engine tests and tests/kube): the
+    old primary's pod is lost when its switchover is abandoned, so the abort's Unfence reaches no agent
+    (as on Kubernetes: Unfence is a call to the member's agent). The property held the engine to a
+    writable primary within three passes all the same (``_available`` counted the fenced member as the
+    engine's to start again); the engine can only wait for the platform to start the pod (then
+    failover.unfence_again resumes it) or fail over once the failure is confirmed."""
+    state = ClusterMachine()
+    _switchover_abandoned_while_its_primary_pod_is_lost(state)
+    state.end_terminations()
+    state.crash(node=0)
+    state.long_wait(seconds=10)
+    state.long_wait(seconds=20)  # the switchover is abandoned: Unfence, SetPrimary to the lost pod
+    state.long_wait(seconds=10)
+    state.operator_rounds(rounds=2, seconds=0.5)
+    state.teardown()
+
+
+def test_the_old_primary_of_an_abandoned_switchover_may_be_failed_over_once_its_pod_is_lost() -> None:
+    """The same search, its other failure: the pod stays lost, the replicas confirm the failure, and the
+    engine fails over from the old primary; the property called that a failover instead of a resumption,
+    though no resumption could reach it."""
+    state = ClusterMachine()
+    _switchover_abandoned_while_its_primary_pod_is_lost(state)
+    state.commits_on_leavers_then_scale_down(count=1, drop=2, fault="crash", grow=False, rounds=3)
+    state.end_terminations()
+    state.crash(node=0)
+    state.long_wait(seconds=10)
+    state.long_wait(seconds=20)
+    state.long_wait(seconds=10)
+    state.long_wait(seconds=10)
+    state.teardown()

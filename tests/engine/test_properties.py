@@ -179,8 +179,9 @@ class ClusterMachine(RuleBasedStateMachine):
         its WAL stream from ``old`` (or is ``old`` itself, no longer writable) at the observation the
         decision was taken on or at the one before; a member whose two samples were both wrong is
         excused (it reported a loss twice in a row: no rule could tell). One wrong sample is no vote.
-        And an aborted operation's old primary, owed a resumption, is never failed over instead."""
-        if self.owed is not None and self.owed[0] == old:
+        And an aborted operation's old primary, owed a resumption, is never failed over instead while it
+        is available (see ``_available``)."""
+        if self.owed is not None and self.owed[0] == old and self._available(old):
             raise AssertionError(f"the aborted operation's primary {old} was failed over, not resumed")
         if len(self.decided) < 2:
             return
@@ -248,10 +249,13 @@ class ClusterMachine(RuleBasedStateMachine):
     def _available(self, name: str) -> bool:
         """The recorded primary could serve again through the engine's own actions: it runs, or the
         engine itself stopped it (fenced); its host and volume are fine and the operator sees it. A
-        crashed member (stopped, not fenced) excuses the engine: only the platform restarts it."""
+        crashed member (stopped, not fenced) excuses the engine: only the platform restarts it. So does
+        a lost pod, fenced or not: no agent answers for it, and an Unfence (a call to its agent, as in
+        kube/actions.py) cannot reach it until the platform starts the pod again."""
         node = self.model.nodes.get(name)
         return (
             node is not None
+            and node.pod_up
             and (node.running or node.fenced)
             and not (node.isolated or node.partitioned or node.data_lost)
             and node.restarting_to is None
