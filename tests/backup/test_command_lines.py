@@ -69,7 +69,7 @@ def test_a_real_postgresql_archives_through_a_hostile_store_path(pg_factory: Cal
         lambda: primary.value("SELECT archived_count + failed_count FROM pg_stat_archiver") > 0,
         "archiving tried",
     )
-    lines = calls.read_text().split("\0")
+    lines = calls.read_bytes().decode().split("\0")
     first = lines[: 6 * len(stores)]
     for index, store in enumerate(stores):
         wal = first[6 * index + 5]
@@ -103,12 +103,19 @@ def test_the_shell_sees_exactly_the_intended_arguments(tmp_path: Path, path: str
     archive = postgres_substitutes(config.archive_command(agent, store, cluster), p=wal, f=name)
     assert shlex.split(archive) == [agent, "wal-push", "--store", store, "--cluster", cluster, wal]
     run_in_shell(archive, tmp_path)
-    assert calls.read_text().split("\0")[:-1] == ["wal-push", "--store", store, "--cluster", cluster, wal]
+    assert calls.read_bytes().decode().split("\0")[:-1] == [
+        "wal-push",
+        "--store",
+        store,
+        "--cluster",
+        cluster,
+        wal,
+    ]
 
     calls.unlink(missing_ok=True)
     restore = config.restore_command(agent, store, cluster, wal_service=str(tmp_path / "no-such.sock"))
     run_in_shell(postgres_substitutes(restore, p="pg_wal/RECOVERYXLOG", f=name), tmp_path)
-    assert calls.read_text().split("\0")[:-1] == [
+    assert calls.read_bytes().decode().split("\0")[:-1] == [
         "wal-fetch",
         "--store",
         store,
