@@ -35,6 +35,8 @@ from e2e.driver import healthy
 from e2e.drivers.localkube import LocalKubeDriver
 from e2e.workload import WriteLoad
 
+from pgherd.kube.names import LABEL_CLUSTER, LABEL_SERVICE_NAME
+
 JSON = dict[str, Any]
 NAME = "timeline"
 OPERATOR_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ (\S+): (.*)$")
@@ -51,32 +53,26 @@ class Timeline:
 
 
 def _watch(
-    argv: list[str], timeline: Timeline, describe: Callable[[JSON], tuple[str, str]], stop: threading.Event
+    process: subprocess.Popen[str], timeline: Timeline, describe: Callable[[JSON], tuple[str, str]]
 ) -> None:
-    """`kubectl get ... -w -o json`: each object as it arrives, described when its description changes."""
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    """A `kubectl get ... -w -o json` process's objects as they arrive, each described when its
+    description changes; until the process is killed."""
     decoder = json.JSONDecoder()
     buffer = ""
     seen: dict[str, str] = {}
     assert process.stdout is not None
-    try:
-        while not stop.is_set():
-            chunk = process.stdout.readline()
-            if not chunk:
+    for chunk in process.stdout:
+        buffer += chunk
+        while buffer.strip():
+            try:
+                obj, end = decoder.raw_decode(buffer.lstrip())
+            except json.JSONDecodeError:
                 break
-            buffer += chunk
-            while buffer.strip():
-                try:
-                    obj, end = decoder.raw_decode(buffer.lstrip())
-                except json.JSONDecodeError:
-                    break
-                buffer = buffer.lstrip()[end:]
-                key, text = describe(obj)
-                if seen.get(key) != text:
-                    seen[key] = text
-                    timeline.add(time.time(), text)
-    finally:
-        process.kill()
+            buffer = buffer.lstrip()[end:]
+            key, text = describe(obj)
+            if seen.get(key) != text:
+                seen[key] = text
+                timeline.add(time.time(), text)
 
 
 def _slice(obj: JSON) -> tuple[str, str]:
@@ -145,21 +141,18 @@ def _one(driver: LocalKubeDriver, load: WriteLoad, proxy_port: int, run: int) ->
     timeline = Timeline()
     stop = threading.Event()
     kubectl = [*driver.kube.kubectl, "-n", driver.namespace, "get", "-w", "-o", "json"]
-    threads = [
-        threading.Thread(
-            target=_watch,
-            args=(
-                [*kubectl, "endpointslices", "-l", f"kubernetes.io/service-name={NAME}-rw"],
-                timeline,
-                _slice,
-                stop,
-            ),
-        ),
-        threading.Thread(
-            target=_watch, args=([*kubectl, "pods", "-l", f"pgherd.io/cluster={NAME}"], timeline, _pod, stop)
-        ),
-        threading.Thread(target=_proxy_syncs, args=(proxy_port, timeline, stop)),
+
+    def watch(*what: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([*kubectl, *what], stdout=subprocess.PIPE, text=True)
+
+    watches = [
+        (watch("endpointslices", "-l", f"{LABEL_SERVICE_NAME}={NAME}-rw"), _slice),
+        (watch("pods", "-l", f"{LABEL_CLUSTER}={NAME}"), _pod),
     ]
+    threads = [
+        threading.Thread(target=_watch, args=(process, timeline, describe)) for process, describe in watches
+    ]
+    threads.append(threading.Thread(target=_proxy_syncs, args=(proxy_port, timeline, stop)))
     for thread in threads:
         thread.daemon = True
         thread.start()
@@ -177,9 +170,11 @@ def _one(driver: LocalKubeDriver, load: WriteLoad, proxy_port: int, run: int) ->
     load.wait_for_acks(100)
     time.sleep(1)
     stop.set()
+    for process, _ in watches:
+        process.kill()
     offset = requested - mono_requested  # monotonic -> wall clock
     report = load.snapshot()
-    before = report.last_ack_before(mono_requested + 0.0)
+    before = report.last_ack_before(mono_requested)
     if before is not None:
         timeline.add(before.ended + offset, "last write acknowledged before the request")
     for window in report.failure_windows():

@@ -7,21 +7,11 @@ starts a standby: the model was harsher than the platforms, and reported two wri
 
 from __future__ import annotations
 
-from pgherd.api.cluster import PrimaryUpdateMethod
-
-from .test_properties import ClusterMachine
+from .replays import async_machine
 
 
 def test_a_restart_as_primary_in_flight_when_the_pod_is_lost_ends_read_only() -> None:
-    state = ClusterMachine()
-    state.setup(
-        instances=3,
-        quorum=False,
-        method=PrimaryUpdateMethod.SWITCHOVER,
-        restore_on_loss=False,
-        fence_lags=False,
-        with_backup=True,
-    )
+    state = async_machine(fence_lags=False, with_backup=True)
     state.wipe(node=1)
     state.new_image()
     # Restored, scaled to one member, the new image's rollout restarts pg-0 in place (as primary).

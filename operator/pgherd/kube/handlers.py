@@ -81,10 +81,6 @@ class ConstantDiffBase(kopf.AnnotationsDiffBaseStorage):
         return {}
 
 
-# Set by the EndpointSlice controller on every slice of a Service: the Service's name.
-SERVICE_NAME_LABEL = "kubernetes.io/service-name"
-
-
 def _key(namespace: str | None, cluster: str | None) -> tuple[str, str] | None:
     return None if namespace is None or cluster is None else (namespace, cluster)
 
@@ -206,7 +202,7 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
         labels = kwargs["labels"]
         cluster = labels.get(names.LABEL_CLUSTER)
         key = _key(kwargs["namespace"], cluster)
-        if key is None or labels.get(SERVICE_NAME_LABEL) != names.service_rw(str(cluster)):
+        if key is None or labels.get(names.LABEL_SERVICE_NAME) != names.service_rw(str(cluster)):
             return None
         operator.wakeups.wake(*key)
         endpoints = [

@@ -21,6 +21,7 @@ LABEL_NAME = "app.kubernetes.io/name"  # always "pgherd"
 LABEL_INSTANCE = "app.kubernetes.io/instance"  # the cluster's name
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"  # always "pgherd"
 LABEL_POD_NAME = "statefulset.kubernetes.io/pod-name"  # set by the StatefulSet controller
+LABEL_SERVICE_NAME = "kubernetes.io/service-name"  # on an EndpointSlice: its Service (the controller's)
 LABEL_BACKUP = "pgherd.io/backup"  # on a snapshot Job: the Backup it serves
 LABEL_MEMBER = "pgherd.io/member"  # on a snapshot Job: the member it copies
 LABEL_REVISION = "pgherd.io/revision"  # on the pod template: the engine's spec revision
