@@ -467,7 +467,9 @@ class ModelCluster:
             return  # no agent to take it
         node.fenced = True
         node.restarting_to = None
-        if self.rw == node.name:
+        # Kubernetes: the -rw slice keeps a fenced member whose agent took the fence (its PostgreSQL is
+        # stopped), and loses one whose agent the operator cannot reach (its pod is deleted).
+        if self.rw == node.name and node.net_cut:
             self.rw = None
         if not node.running:
             return

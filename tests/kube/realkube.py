@@ -56,6 +56,7 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "poddisruptionbudgets": ("/apis/policy/v1", "PodDisruptionBudget", True),
     "networkpolicies": ("/apis/networking.k8s.io/v1", "NetworkPolicy", True),
     "leases": ("/apis/coordination.k8s.io/v1", "Lease", True),
+    "endpointslices": ("/apis/discovery.k8s.io/v1", "EndpointSlice", True),
     "roles": ("/apis/rbac.authorization.k8s.io/v1", "Role", True),
     "rolebindings": ("/apis/rbac.authorization.k8s.io/v1", "RoleBinding", True),
     "clusterroles": ("/apis/rbac.authorization.k8s.io/v1", "ClusterRole", False),

@@ -16,7 +16,7 @@ from pgherd.kube.actions import ActContext, apply_all
 from pgherd.kube.agents import Agents
 from pgherd.kube.api import KubeApi
 from pgherd.kube.events import Events
-from pgherd.kube.observe import ClusterObjects
+from pgherd.kube.observe import ClusterObjects, slice_summary
 from pgherd.kube.restores import Restores
 from pgherd.local.s3server import free_port
 
@@ -52,7 +52,9 @@ def test_an_unanswering_member_is_fenced_by_a_deletion_its_kubelet_must_confirm(
         "podIP": "127.0.0.1",
         "containerStatuses": [{"name": names.CONTAINER_POSTGRES, "state": {"running": {}}, "started": True}],
     }
-    _apply(kube, ns, chart_operator, [pod], (act.Fence("hippo-0", reason="primary hippo-0 failed"),))
+    apply_as_operator(
+        kube, ns, chart_operator, [pod], (act.Fence("hippo-0", reason="primary hippo-0 failed"),)
+    )
     left = kube.read("pods", ns, "hippo-0")
     assert left is not None, "the pod was removed unconfirmed (a grace period of 0): two postmasters may run"
     assert left["metadata"].get("deletionTimestamp"), left["metadata"]
@@ -61,12 +63,15 @@ def test_an_unanswering_member_is_fenced_by_a_deletion_its_kubelet_must_confirm(
     assert names.LABEL_ROLE not in (left["metadata"].get("labels") or {}), left["metadata"]
 
 
-def _apply(
+def apply_as_operator(
     kube: Kube, ns: str, chart_operator: ChartIdentity, pods: list[JSON], actions: tuple[act.Action, ...]
 ) -> None:
-    """The actions carried out by the operator's code as the chart's identity; no agent answers."""
+    """The actions carried out by the operator's code as the chart's identity, on the -rw slice as the
+    API server has it (what the operator's watch would show); no agent answers."""
     cluster = kube.read("postgresclusters", ns, "hippo")
     assert cluster is not None
+    found = kube.read("endpointslices", ns, names.rw_slice("hippo"))
+    rw_slices = [] if found is None else [slice_summary(found)]
 
     async def scenario() -> None:
         api = KubeApi(chart_operator.credentials())
@@ -75,7 +80,7 @@ def _apply(
         events = Events(api)
         context = ActContext(
             api=api,
-            objects=ClusterObjects(cluster=cluster, pods=pods),
+            objects=ClusterObjects(cluster=cluster, pods=pods, rw_slices=rw_slices),
             spec=PostgresClusterSpec.model_validate(cluster["spec"]),
             statuses={},
             agents=agents,

@@ -132,11 +132,31 @@ def test_upstream_resolved_by_pod_ip_and_by_dns_name() -> None:
     assert views["db-2"].upstream == "db-0"
 
 
-def test_rw_member_is_the_one_pod_labelled_primary() -> None:
-    one = ClusterObjects(cluster(), pods=[pod("db-0", role="primary"), pod("db-1", role="replica")])
-    two = ClusterObjects(cluster(), pods=[pod("db-0", role="primary"), pod("db-1", role="primary")])
-    assert rw_member(one) == "db-0"
-    assert rw_member(two) is None  # the engine re-points it: never two
+def _own_slice(*endpoints: tuple[str, str], managed_by: str = names.SLICE_MANAGER) -> dict[str, Any]:
+    """The -rw slice as the operator's index keeps it: (pod name, address) endpoints, ready."""
+    listed = [
+        {"addresses": [ip], "conditions": {"ready": True}, "targetRef": {"kind": "Pod", "name": name}}
+        for name, ip in endpoints
+    ]
+    return {"name": names.rw_slice("db"), "managedBy": managed_by, "endpoints": listed}
+
+
+def test_rw_member_is_the_one_member_the_operators_slice_names_at_its_pods_address() -> None:
+    def member(*slices: dict[str, Any]) -> str | None:
+        # Role labels no longer route -rw: a pod labelled primary is not what the slice says.
+        pods = [pod("db-0", "10.0.0.1", role="replica"), pod("db-1", "10.0.0.2", role="primary")]
+        return rw_member(ClusterObjects(cluster(), pods=pods, rw_slices=list(slices)))
+
+    assert member() is None  # no slice yet: the engine's SetPrimary writes it
+    assert member(_own_slice(("db-0", "10.0.0.1"))) == "db-0"
+    # The pod was made again with another address: the slice routes nowhere, the engine writes it again.
+    assert member(_own_slice(("db-0", "10.0.0.9"))) is None
+    assert member(_own_slice(("db-0", "10.0.0.1"), ("db-1", "10.0.0.2"))) is None  # never two
+    assert member(_own_slice()) is None  # emptied (a fence by deletion)
+    assert member(_own_slice(("db-9", "10.0.0.1"))) is None  # no such pod
+    # A slice Kubernetes' controller made for an earlier version's selector is not the operator's.
+    controllers = _own_slice(("db-0", "10.0.0.1"), managed_by="endpointslice-controller.k8s.io")
+    assert member(controllers) is None
 
 
 def test_snapshot_jobs_and_their_result() -> None:

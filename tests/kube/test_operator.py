@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from pgherd.kube import names
+from pgherd.kube.builders.common import cluster_owner
 
 from .realkube import (
     ApiRefused,
@@ -124,6 +125,38 @@ def test_a_cluster_gets_its_objects_and_status(
         again = kube.read("secrets", ns, "hippo-operator")
         assert again is not None and again["data"] == secret["data"]
         assert again["metadata"]["resourceVersion"] == secret["metadata"]["resourceVersion"]
+
+
+def test_the_rw_service_selects_nothing_even_when_an_earlier_version_made_it_with_a_selector(
+    kube: Kube, namespace: str, chart_operator: ChartIdentity
+) -> None:
+    """-rw routes through the slice the operator writes (tests/kube/test_rw_slice.py): a selector left by
+    an earlier version would make Kubernetes' controller write a second slice beside it."""
+    ns = namespace
+    uid = kube.create(cluster_manifest(ns))["metadata"]["uid"]
+    owner = cluster_owner("hippo", uid)  # as the operator made it: changing owners needs delete rights
+    kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "hippo-rw", "namespace": ns, "ownerReferences": [owner]},
+            "spec": {
+                "selector": {names.LABEL_CLUSTER: "hippo", names.LABEL_ROLE: names.ROLE_PRIMARY},
+                "ports": [{"name": "postgres", "port": 5432, "targetPort": "postgres"}],
+            },
+        }
+    )
+    with running_as(chart_operator):
+        eventually(
+            lambda: (
+                "selector"
+                not in ((kube.read("services", ns, "hippo-rw") or {}).get("spec") or {"selector": 1})
+            ),
+            what="the -rw Service without a selector",
+        )
+    for service in ("hippo-ro", "hippo-r", "hippo-headless"):
+        found = kube.read("services", ns, service)
+        assert found is not None and found["spec"]["selector"][names.LABEL_CLUSTER] == "hippo", found
 
 
 def test_a_spec_change_is_observed(

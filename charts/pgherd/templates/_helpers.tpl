@@ -132,7 +132,7 @@ tests/chart checks the two agree.
   verbs: ["list", "watch", "patch", "delete"]
 - apiGroups: ["discovery.k8s.io"]
   resources: ["endpointslices"]
-  verbs: ["list", "watch"]
+  verbs: ["create", "list", "watch", "patch"]
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create"]

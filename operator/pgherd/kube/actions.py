@@ -26,7 +26,17 @@ from pgherd.engine.view import JobState
 from pgherd.kube import names
 from pgherd.kube.agents import Agents
 from pgherd.kube.api import ApiError, KubeApi
-from pgherd.kube.observe import ClusterObjects, container_started, job_result, job_state, pod_ip
+from pgherd.kube.builders import services
+from pgherd.kube.observe import (
+    ClusterObjects,
+    container_started,
+    job_result,
+    job_state,
+    pod_ip,
+    rw_member,
+    rw_slice,
+    slice_summary,
+)
 from pgherd.kube.restores import RestoreRecord, Restores, iso, restore_object, snapshot_to_restore
 from pgherd_backup.agent.client import AgentActionError, AgentClient, AgentError, AgentUnreachable
 from pgherd_backup.agent.wire import ActionResult, FenceRequest, Status
@@ -229,20 +239,25 @@ async def restart_member(ctx: ActContext, action: act.RestartMember) -> None:
 
 
 async def fence(ctx: ActContext, action: act.Fence) -> None:
-    """Out of the rw Service first, then the agent stops PostgreSQL and keeps it stopped. A member
-    whose started agent does not answer has its pod deleted: the kubelet kills it, and the pod object
-    goes only once the kubelet confirms, which is the evidence the engine waits for. A pod whose agent
-    has not started yet (no IP, container not running or not past its startup probe: a pod the
-    StatefulSet just made again) is left alone: nothing there runs PostgreSQL read-write, and its agent
-    soon reports the fence it keeps on its volume."""
-    await _label(ctx, action.member, None)
+    """The agent stops PostgreSQL and keeps it stopped; the -rw slice keeps its address meanwhile
+    (connections to a stopped PostgreSQL are refused at once, and the promotion's SetPrimary then
+    changes the route in one write). A member whose started agent does not answer leaves the -rw slice
+    first (its address may stop answering at all: clients would wait for a timeout) and has its pod
+    deleted: the kubelet kills it, and the pod object goes only once the kubelet confirms, which is the
+    evidence the engine waits for. A pod whose agent has not started yet (no IP, container not running
+    or not past its startup probe: a pod the StatefulSet just made again) is left alone: nothing there
+    runs PostgreSQL read-write, and its agent soon reports the fence it keeps on its volume."""
     pod = ctx.objects.pod(action.member)
     ip = _ip(ctx, action.member)
     if pod is None or ip is None or not container_started(pod):
+        await _unroute(ctx, action.member)
+        await _label(ctx, action.member, None)
         return
     if _status(ctx, action.member) is None:
         # Its started agent did not answer this pass's observation (cut off, hung): asking it again
         # would only wait out the connection timeout before the same deletion.
+        await _unroute(ctx, action.member)
+        await _label(ctx, action.member, None)
         if pod["metadata"].get("deletionTimestamp"):
             return
         await _delete_to_fence(ctx, action, pod)
@@ -260,8 +275,11 @@ async def fence(ctx: ActContext, action: act.Fence) -> None:
         )
         if result.changed:
             await ctx.event(act.RecordEvent("Fenced", f"{action.member} {_fenced(result)}: {action.reason}"))
+        await _label(ctx, action.member, None)
         return
     except AgentUnreachable as exc:
+        await _unroute(ctx, action.member)
+        await _label(ctx, action.member, None)
         if pod["metadata"].get("deletionTimestamp"):
             return  # going already: the kubelet confirms when its processes are gone
         log.warning("fencing %s: its agent does not answer (%s): deleting its pod", action.member, exc)
@@ -323,7 +341,14 @@ async def promote(ctx: ActContext, action: act.Promote) -> None:
 
 
 async def set_primary(ctx: ActContext, action: act.SetPrimary) -> None:
-    """Never two pods labelled primary: the others lose the label before the new one gets it."""
+    """The -rw slice names the new primary in one write (the old address replaced, never an empty slice
+    between: kube-proxy applies one change at once, a second only after its minimum sync period); the
+    role labels follow, never two pods labelled primary."""
+    pod, ip = ctx.objects.pod(action.member), _ip(ctx, action.member)
+    if pod is None or ip is None:
+        return  # no address yet: the engine asks again
+    if rw_member(ctx.objects) != action.member:
+        await _write_rw_slice(ctx, [services.rw_endpoint(pod, ip)])
     for pod in ctx.objects.pods:
         name = pod["metadata"]["name"]
         if (
@@ -332,6 +357,39 @@ async def set_primary(ctx: ActContext, action: act.SetPrimary) -> None:
         ):
             await _label(ctx, name, names.ROLE_REPLICA)
     await _label(ctx, action.member, names.ROLE_PRIMARY)
+
+
+async def _unroute(ctx: ActContext, member: str) -> None:
+    """The -rw slice without ``member``'s endpoint, when it has one (whatever its address)."""
+    found = rw_slice(ctx.objects)
+    endpoints = (found or {}).get("endpoints") or []
+    if any((e.get("targetRef") or {}).get("name") == member for e in endpoints):
+        await _write_rw_slice(ctx, [])
+
+
+async def _write_rw_slice(ctx: ActContext, endpoints: list[JSON]) -> None:
+    """One write of the -rw slice's endpoints (a merge patch replaces the whole list); created when the
+    watch has not seen it. The watch's copy is updated, so that the rest of this pass sees it."""
+    body = services.rw_endpoint_slice(ctx.objects.cluster, endpoints)
+    name = body["metadata"]["name"]
+    patch = {"metadata": {"labels": body["metadata"]["labels"]}, "endpoints": endpoints}
+    if rw_slice(ctx.objects) is None:
+        try:
+            await ctx.api.create("EndpointSlice", ctx.namespace, body)
+        except ApiError as exc:
+            if not exc.conflict:
+                raise
+            await ctx.api.patch("EndpointSlice", ctx.namespace, name, patch)
+    else:
+        try:
+            await ctx.api.patch("EndpointSlice", ctx.namespace, name, patch)
+        except ApiError as exc:
+            if not exc.not_found:
+                raise
+            await ctx.api.create("EndpointSlice", ctx.namespace, body)
+    seen = slice_summary(body)
+    others = [s for s in ctx.objects.rw_slices or [] if s.get("name") != name]
+    ctx.objects.rw_slices = [*others, seen]
 
 
 async def set_sync(ctx: ActContext, action: act.SetSynchronousStandbys) -> None:

@@ -63,6 +63,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets"),
     "NetworkPolicy": ("networking.k8s.io/v1", "networkpolicies"),
     "Lease": ("coordination.k8s.io/v1", "leases"),
+    "EndpointSlice": ("discovery.k8s.io/v1", "endpointslices"),
 }
 
 

@@ -29,7 +29,7 @@ from pgherd.kube.api import Credentials, KubeApi, RetryPolicy
 from pgherd.kube.leader import AlwaysLeader, LeaderElector
 from pgherd.kube.loop import ClusterLoop, OperatorConfig, Wakeups
 from pgherd.kube.objects import delete_volumes
-from pgherd.kube.observe import ClusterObjects
+from pgherd.kube.observe import ClusterObjects, slice_summary
 from pgherd_backup.logformat import log_context
 
 log = logging.getLogger("pgherd.kube")
@@ -197,19 +197,15 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
         registry=registry,
     )  # fmt: skip
     async def pgherd_rw_slices(**kwargs: Any) -> Any:
-        # The -rw Service's slices only (the controller copies the Service's labels onto them), and of
-        # each only what says where it routes: Running waits for it (observe.rw_routes).
+        # The -rw Service's slices only (the operator's own, and the controller's of a Service made by
+        # an earlier version), and of each only what says where it routes (observe.rw_routes, rw_member).
         labels = kwargs["labels"]
         cluster = labels.get(names.LABEL_CLUSTER)
         key = _key(kwargs["namespace"], cluster)
         if key is None or labels.get(names.LABEL_SERVICE_NAME) != names.service_rw(str(cluster)):
             return None
         operator.wakeups.wake(*key)
-        endpoints = [
-            {"conditions": e.get("conditions") or {}, "targetRef": e.get("targetRef") or {}}
-            for e in kwargs["body"].get("endpoints") or []
-        ]
-        return {key: {"name": kwargs["name"], "endpoints": endpoints}}
+        return {key: slice_summary(kwargs["body"])}
 
     @kopf.index(names.GROUP, names.VERSION, names.PLURAL_BACKUPS, id="pgherd_backups", registry=registry)
     async def pgherd_backups(**kwargs: Any) -> Any:

@@ -15,13 +15,18 @@ PLURAL_RESTORES = "restores"
 
 # Labels.
 LABEL_CLUSTER = "pgherd.io/cluster"
-LABEL_ROLE = "pgherd.io/role"  # primary | replica, on member pods: what -rw and -ro select
+LABEL_ROLE = (
+    "pgherd.io/role"  # primary | replica, on member pods: what -ro selects (-rw: the operator's slice)
+)
 LABEL_COMPONENT = "app.kubernetes.io/component"  # postgres | snapshot | prune
 LABEL_NAME = "app.kubernetes.io/name"  # always "pgherd"
 LABEL_INSTANCE = "app.kubernetes.io/instance"  # the cluster's name
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"  # always "pgherd"
 LABEL_POD_NAME = "statefulset.kubernetes.io/pod-name"  # set by the StatefulSet controller
-LABEL_SERVICE_NAME = "kubernetes.io/service-name"  # on an EndpointSlice: its Service (the controller's)
+LABEL_SERVICE_NAME = "kubernetes.io/service-name"  # on an EndpointSlice: its Service
+# On an EndpointSlice: who writes it. The -rw Service has no selector: the operator writes its one slice.
+LABEL_SLICE_MANAGED_BY = "endpointslice.kubernetes.io/managed-by"
+SLICE_MANAGER = "operator.pgherd.io"  # as endpointslice-controller.k8s.io names itself
 LABEL_BACKUP = "pgherd.io/backup"  # on a snapshot Job: the Backup it serves
 LABEL_MEMBER = "pgherd.io/member"  # on a snapshot Job: the member it copies
 LABEL_REVISION = "pgherd.io/revision"  # on the pod template: the engine's spec revision
@@ -103,6 +108,11 @@ def pvc(cluster: str, member_name: str) -> str:
 
 def service_rw(cluster: str) -> str:
     return f"{cluster}-rw"
+
+
+def rw_slice(cluster: str) -> str:
+    """The -rw Service's EndpointSlice, which the operator writes (the primary's address, or none)."""
+    return service_rw(cluster)
 
 
 def service_ro(cluster: str) -> str:

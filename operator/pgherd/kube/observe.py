@@ -226,13 +226,43 @@ def rw_routes(objects: ClusterObjects) -> frozenset[str] | None:
     return frozenset(routed)
 
 
-def rw_member(objects: ClusterObjects) -> str | None:
-    labelled = [
-        p["metadata"]["name"]
-        for p in objects.pods
-        if (p["metadata"].get("labels") or {}).get(names.LABEL_ROLE) == names.ROLE_PRIMARY
+def slice_summary(body: Mapping[str, Any]) -> JSON:
+    """What the operator keeps of an EndpointSlice (its index): who writes it and where it routes."""
+    meta = body.get("metadata") or {}
+    endpoints = [
+        {
+            "addresses": e.get("addresses") or [],
+            "conditions": e.get("conditions") or {},
+            "targetRef": e.get("targetRef") or {},
+        }
+        for e in body.get("endpoints") or []
     ]
-    return labelled[0] if len(labelled) == 1 else None
+    managed_by = (meta.get("labels") or {}).get(names.LABEL_SLICE_MANAGED_BY)
+    return {"name": meta.get("name"), "managedBy": managed_by, "endpoints": endpoints}
+
+
+def rw_slice(objects: ClusterObjects) -> JSON | None:
+    """The -rw slice the operator writes, as the watch last saw it."""
+    return next(
+        (
+            s
+            for s in objects.rw_slices or []
+            if s.get("managedBy") == names.SLICE_MANAGER and s.get("name") == names.rw_slice(objects.name)
+        ),
+        None,
+    )
+
+
+def rw_member(objects: ClusterObjects) -> str | None:
+    """The member the operator's -rw slice names: its one ready endpoint, at its pod's current address
+    (a pod made again has another: the engine points the slice at it again)."""
+    found = rw_slice(objects)
+    endpoints = [e for e in (found or {}).get("endpoints") or [] if (e.get("conditions") or {}).get("ready")]
+    if len(endpoints) != 1:
+        return None
+    name = (endpoints[0].get("targetRef") or {}).get("name")
+    ip = pod_ip(objects.pod(str(name))) if name else None
+    return str(name) if ip is not None and ip in (endpoints[0].get("addresses") or []) else None
 
 
 def _cluster_of(obj: JSON) -> str | None:

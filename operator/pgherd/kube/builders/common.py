@@ -46,11 +46,16 @@ class ClusterRef:
 def owner_reference(ref: ClusterRef) -> Manifest:
     """The PostgresCluster as controller of an object: the garbage collector deletes the object with
     the cluster, and `blockOwnerDeletion` keeps a foreground deletion of the cluster waiting for it."""
+    return cluster_owner(ref.name, ref.uid)
+
+
+def cluster_owner(name: str, uid: str) -> Manifest:
+    """The owner reference to the PostgresCluster ``name`` (its ``uid``)."""
     return {
         "apiVersion": names.API_VERSION,
         "kind": KIND,
-        "name": ref.name,
-        "uid": ref.uid,
+        "name": name,
+        "uid": uid,
         "controller": True,
         "blockOwnerDeletion": True,
     }
