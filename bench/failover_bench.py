@@ -39,6 +39,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,6 +52,8 @@ if __package__ in (None, ""):  # run as a script: make `e2e` and `bench` importa
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._patroni import DEFAULT, TUNED, PatroniCluster, Timing
+from bench._patroni_image import ensure_image
+from bench._patroni_kube import PatroniKubeCluster
 from e2e import manifests
 from e2e.driver import healthy
 from e2e.drivers.local import LocalDriver
@@ -61,14 +64,21 @@ TABLE = "bench_writes"
 FAILOVER_TIMEOUT = 120.0
 
 
+SANDBOX_SCENARIOS = frozenset({"failover", "crash", "switchover"})
+KUBE_SCENARIOS = frozenset({"failover", "switchover", "backoff", "delete"})
+
+
 class System(Protocol):
     label: str
+    scenarios: frozenset[str]  # those of SCENARIOS it can run
 
     def start(self) -> None: ...
     def rw_dsn(self) -> str: ...
     def primary(self) -> str | None: ...
     def kill(self, member: str) -> None: ...
     def kill_postgres(self, member: str) -> None: ...
+    def kill_if_running(self, member: str) -> bool: ...
+    def delete(self, member: str) -> None: ...
     def after_failover(self, killed: str) -> None: ...
     def switchover(self) -> None: ...
     def wait_healthy(self) -> None: ...
@@ -76,6 +86,8 @@ class System(Protocol):
 
 
 class PatroniSystem:
+    scenarios = SANDBOX_SCENARIOS
+
     def __init__(self, timing: Timing, mode: str) -> None:
         self.label = timing.label
         self.cluster = PatroniCluster(timing, synchronous=mode == "quorum")
@@ -94,6 +106,12 @@ class PatroniSystem:
 
     def kill_postgres(self, member: str) -> None:
         self.cluster.kill_postgres(member)
+
+    def kill_if_running(self, member: str) -> bool:
+        raise NotImplementedError("no container to keep in back-off in the sandbox")
+
+    def delete(self, member: str) -> None:
+        raise NotImplementedError("no pod to delete in the sandbox")
 
     def after_failover(self, killed: str) -> None:
         self.cluster.restart(killed)
@@ -116,6 +134,7 @@ class PgherdSystem:
 
     def __init__(self, mode: str, detection_seconds: int, driver: str = "local") -> None:
         self.label = "pgherd" if driver == "local" else f"pgherd-{driver}"
+        self.scenarios = SANDBOX_SCENARIOS if driver == "local" else KUBE_SCENARIOS
         self.workdir = Path(tempfile.mkdtemp(prefix=f"pgherd-bench-{driver}-"))
         self.driver: LocalDriver | LocalKubeDriver = (
             LocalDriver(self.workdir) if driver == "local" else LocalKubeDriver(self.workdir, "bench")
@@ -148,6 +167,16 @@ class PgherdSystem:
             )
         self.driver.kill(member, postgres_only=True)
 
+    def kill_if_running(self, member: str) -> bool:
+        if not isinstance(self.driver, LocalKubeDriver):
+            raise NotImplementedError(f"{self.label}: no container to keep in back-off")
+        return self.driver.kill_if_running(member)
+
+    def delete(self, member: str) -> None:
+        if not isinstance(self.driver, LocalKubeDriver):
+            raise NotImplementedError(f"{self.label}: no pod to delete")
+        self.driver.kube.run("-n", self.driver.namespace, "delete", "pod", member, "--wait=false")
+
     def after_failover(self, killed: str) -> None:
         pass  # the sandbox restarts the member by itself, like kubelet
 
@@ -172,13 +201,84 @@ class PgherdSystem:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+class PatroniKubeSystem:
+    """Patroni with its Kubernetes DCS on the same localkube as pgherd-localkube (bench/_patroni_kube.py):
+    the write loop through the leader Service's ClusterIP, a kill the SIGKILL of the member's container
+    (Patroni is its init), a switchover Patroni's REST API on the leader."""
+
+    scenarios = KUBE_SCENARIOS
+
+    def __init__(self, timing: Timing, mode: str) -> None:
+        self.label = timing.label.replace("patroni-", "patroni-localkube-")
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"{self.label}-"))
+        localkube = LocalKubeDriver.shared_cluster()
+        state = localkube.state
+        base = f"{state.get('image') or 'localkube.local/pgherd:e2e'}-pg{state.get('postgresMajor') or 16}"
+        image = ensure_image(localkube.dir, base, lambda m: print(f"[{self.label}] {m}", flush=True))
+        self.cluster = PatroniKubeCluster(
+            localkube,
+            f"patroni-bench-{timing.label.removeprefix('patroni-')}",
+            image,
+            timing,
+            synchronous=mode == "quorum",
+            workdir=self.workdir,
+        )
+
+    def start(self) -> None:
+        self.cluster.start()
+
+    def rw_dsn(self) -> str:
+        return self.cluster.rw_dsn()
+
+    def primary(self) -> str | None:
+        return self.cluster.leader()
+
+    def kill(self, member: str) -> None:
+        if not self.cluster.kill_if_running(member):
+            raise RuntimeError(f"no running container of {member} in {self.cluster.namespace}")
+
+    def kill_postgres(self, member: str) -> None:
+        raise NotImplementedError(f"{self.label}: no kill of PostgreSQL alone")
+
+    def kill_if_running(self, member: str) -> bool:
+        return self.cluster.kill_if_running(member)
+
+    def delete(self, member: str) -> None:
+        self.cluster.delete_pod(member)
+
+    def after_failover(self, killed: str) -> None:
+        pass  # the kubelet restarts the container, the StatefulSet the pod
+
+    def switchover(self) -> None:
+        self.cluster.switchover()
+
+    def wait_healthy(self) -> None:
+        self.cluster.wait_healthy()
+
+    def stop(self) -> None:
+        self.cluster.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+# The scenarios, measured in this order. The kills (every one but switchover) count as promoted when
+# another member is primary once writes come back, else as restarted in place.
+SCENARIOS = ("failover", "crash", "switchover", "backoff", "delete")
+KILLS = ("failover", "crash", "backoff", "delete")
+TITLES = {
+    "failover": "failover (member killed)",
+    "crash": "PostgreSQL alone killed",
+    "switchover": "switchover write gap",
+    "backoff": "container kept in back-off",
+    "delete": "pod deleted (graceful)",
+}
+KEEP_DOWN = 60.0  # backoff: the longest the killed container is kept down
+
+
 @dataclass
 class Result:
     label: str
-    failovers: list[float] = field(default_factory=list)
-    switchovers: list[float] = field(default_factory=list)
-    crashes: list[float] = field(default_factory=list)  # PostgreSQL alone killed: first write after
-    promoted: int = 0  # kills after which another member was primary
+    seconds: dict[str, list[float]] = field(default_factory=lambda: {s: [] for s in SCENARIOS})
+    promoted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KILLS, 0))
     acked: int = 0
     lost: int | None = None  # None: could not be read back
     errors: list[str] = field(default_factory=list)
@@ -214,7 +314,68 @@ def _wait_for_new_primary(system: System, old: str | None, timeout: float) -> No
         time.sleep(0.1)
 
 
-SCENARIOS = ("failover", "crash", "switchover")
+def _keep_down(system: System, old: str) -> int:
+    """The killed primary's container killed again each time the kubelet restarts it, until another
+    member is primary or KEEP_DOWN s passed; then left to come back. Returns the kills made here."""
+    stop = threading.Event()
+    kills = 0
+
+    def kill_again() -> None:
+        nonlocal kills
+        while not stop.wait(0.1):
+            try:
+                kills += system.kill_if_running(old)
+            except Exception:  # a failed crictl call is retried at the next tick
+                continue
+
+    thread = threading.Thread(target=kill_again, name="keep-down", daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + KEEP_DOWN
+        while system.primary() in (None, old) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    return kills
+
+
+def _kill_run(system: System, load: WriteLoad, scenario: str, result: Result) -> str:
+    """One kill of the primary by `scenario`, measured; returns what to log."""
+    system.wait_healthy()
+    time.sleep(1.0)
+    old = system.primary()
+    if old is None:
+        raise RuntimeError("no primary before the kill")
+    if scenario == "delete":
+        system.delete(old)
+    elif scenario == "crash":
+        system.kill_postgres(old)
+    else:
+        system.kill(old)
+    # Timed from the moment the kill returned, counting only writes begun after it: a commit in flight
+    # at the kill may still deliver its acknowledgement from the socket buffer.
+    killed_at = time.monotonic()
+    again = _keep_down(system, old) if scenario == "backoff" else 0
+    _wait_for_write(load, killed_at, FAILOVER_TIMEOUT, begun_after=True)
+    # Writes may come back because the killed member was restarted in place (still primary), not
+    # because a replica was promoted: count the real failovers.
+    now_primary = system.primary()
+    result.promoted[scenario] += now_primary not in (None, old)
+    if scenario == "failover":
+        system.after_failover(old)
+    result.seconds[scenario].append(_outage(system, load, killed_at))
+    how = {
+        "failover": "killed",
+        "crash": "'s PostgreSQL killed",
+        "backoff": f"'s container killed and kept down ({1 + again} kills)",
+        "delete": "'s pod deleted",
+    }[scenario]
+    return (
+        f"{old}{how if scenario != 'failover' else ' ' + how}, writes unavailable for"
+        f" {result.seconds[scenario][-1]:.2f} s, then on {now_primary}"
+        f"{' (restarted in place: no failover)' if now_primary == old else ''}"
+    )
 
 
 def measure(
@@ -225,59 +386,33 @@ def measure(
     scenarios: tuple[str, ...] = SCENARIOS,
 ) -> None:
     """Fill `result` as the runs go, so that a failure keeps the figures measured before it."""
+    skipped = [s for s in scenarios if s not in system.scenarios]
+    if skipped:
+        log(f"[{system.label}] not measured here: {', '.join(skipped)}")
+    wanted = [s for s in SCENARIOS if s in scenarios and s in system.scenarios]
     log(f"[{system.label}] starting a 3-member cluster")
     system.start()
     load = WriteLoad(system.rw_dsn, table=TABLE, pause=0.002).start()
     try:
         load.wait_for_acks(100)
-        for run in range(1, runs + 1 if "failover" in scenarios else 1):
-            system.wait_healthy()
-            time.sleep(1.0)
-            old = system.primary()
-            if old is None:
-                raise RuntimeError("no primary before the kill")
-            system.kill(old)
-            # Timed from the moment the kill returned, counting only writes begun after it: a commit in
-            # flight at the kill may still deliver its acknowledgement from the socket buffer.
-            killed_at = time.monotonic()
-            _wait_for_write(load, killed_at, FAILOVER_TIMEOUT, begun_after=True)
-            # Writes may come back because the killed member was restarted in place (still primary), not
-            # because a replica was promoted: count the real failovers.
-            now_primary = system.primary()
-            result.promoted += now_primary not in (None, old)
-            system.after_failover(old)
-            result.failovers.append(_outage(system, load, killed_at))
-            log(
-                f"[{system.label}] failover {run}/{runs}: {old} killed, writes unavailable for"
-                f" {result.failovers[-1]:.2f} s, then on {now_primary}"
-                f"{'' if now_primary != old else ' (restarted in place: no failover)'}"
-            )
-        for run in range(1, runs + 1 if "crash" in scenarios else 1):
-            system.wait_healthy()
-            time.sleep(1.0)
-            old = system.primary()
-            if old is None:
-                raise RuntimeError("no primary before the kill")
-            system.kill_postgres(old)
-            killed_at = time.monotonic()
-            _wait_for_write(load, killed_at, FAILOVER_TIMEOUT, begun_after=True)
-            result.crashes.append(_outage(system, load, killed_at))
-            log(
-                f"[{system.label}] crash {run}/{runs}: {old}'s PostgreSQL killed, writes unavailable for"
-                f" {result.crashes[-1]:.2f} s, then on {system.primary()}"
-            )
-        for run in range(1, runs + 1 if "switchover" in scenarios else 1):
-            system.wait_healthy()
-            time.sleep(1.0)
-            old = system.primary()
-            requested_at = time.monotonic()
-            system.switchover()
-            _wait_for_new_primary(system, old, 60)
-            _wait_for_write(load, time.monotonic(), 60, begun_after=False)
-            time.sleep(0.5)
-            gap = load.snapshot().max_gap(since=requested_at, until=time.monotonic())
-            result.switchovers.append(gap)
-            log(f"[{system.label}] switchover {run}/{runs}: from {old}, longest write gap {gap:.2f} s")
+        for scenario in wanted:
+            for run in range(1, runs + 1):
+                if scenario in KILLS:
+                    log(
+                        f"[{system.label}] {scenario} {run}/{runs}: {_kill_run(system, load, scenario, result)}"
+                    )
+                    continue
+                system.wait_healthy()
+                time.sleep(1.0)
+                old = system.primary()
+                requested_at = time.monotonic()
+                system.switchover()
+                _wait_for_new_primary(system, old, 60)
+                _wait_for_write(load, time.monotonic(), 60, begun_after=False)
+                time.sleep(0.5)
+                gap = load.snapshot().max_gap(since=requested_at, until=time.monotonic())
+                result.seconds["switchover"].append(gap)
+                log(f"[{system.label}] switchover {run}/{runs}: from {old}, longest write gap {gap:.2f} s")
         system.wait_healthy()
     finally:
         report = load.stop()
@@ -301,35 +436,40 @@ def _stats(values: list[float]) -> str:
     return f"{min(values):6.2f} / {statistics.median(values):6.2f} / {max(values):6.2f}"
 
 
+def _baseline(label: str) -> str:
+    """The pgherd row a system is compared with: the one on the same platform."""
+    return "pgherd-localkube" if "localkube" in label else "pgherd"
+
+
 def print_table(results: list[Result], mode: str, detection_seconds: int) -> None:
     print()
     print(f"replication mode: {mode}; pgherd failover.detectionSeconds: {detection_seconds}")
-    print(
-        f"{'system':<20} {'failover s (min/med/max)':>26} {'promoted':>9}"
-        f" {'switchover gap s (min/med/max)':>32} {'postgres-only s (min/med/max)':>31} {'acked':>8} {'lost':>5}"
-    )
+    print(f"{'system':<26} {'scenario':<28} {'s (min / median / max)':>26} {'promoted':>9}")
     for r in results:
-        promoted = f"{r.promoted}/{len(r.failovers)}"
+        for scenario in SCENARIOS:
+            values = r.seconds[scenario]
+            if not values:
+                continue
+            promoted = f"{r.promoted[scenario]}/{len(values)}" if scenario in KILLS else ""
+            print(f"{r.label:<26} {TITLES[scenario]:<28} {_stats(values):>26} {promoted:>9}")
         lost = "?" if r.lost is None else str(r.lost)
-        print(
-            f"{r.label:<20} {_stats(r.failovers):>26} {promoted:>9} {_stats(r.switchovers):>32}"
-            f" {_stats(r.crashes):>31} {r.acked:>8} {lost:>5}"
-        )
+        print(f"{r.label:<26} {'acknowledged writes lost':<28} {f'{lost} of {r.acked}':>26}")
         for error in r.errors:
             print(f"  error: {error}")
-    base = next((r for r in results if r.label == "pgherd" and r.failovers), None)
-    if base is None:
-        return
+    by_label = {r.label: r for r in results}
     for r in results:
-        if r is base or not r.failovers:
+        base = by_label.get(_baseline(r.label))
+        if base is None or base is r:
             continue
-        fo = statistics.median(r.failovers) / statistics.median(base.failovers)
-        line = f"{r.label} / pgherd: failover median x{fo:.1f}"
-        if r.switchovers and base.switchovers:
-            line += f", switchover median x{statistics.median(r.switchovers) / statistics.median(base.switchovers):.1f}"
-        if r.crashes and base.crashes:
-            line += f", postgres-only median x{statistics.median(r.crashes) / statistics.median(base.crashes):.1f}"
-        print(line)
+        ratios = [
+            f"{scenario} median x{statistics.median(r.seconds[scenario]) / statistics.median(base.seconds[scenario]):.1f}"
+            for scenario in SCENARIOS
+            if r.seconds[scenario]
+            and base.seconds[scenario]
+            and statistics.median(base.seconds[scenario]) > 0
+        ]
+        if ratios:
+            print(f"{r.label} / {base.label}: {', '.join(ratios)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -346,7 +486,8 @@ def main(argv: list[str] | None = None) -> int:
         "--scenarios",
         default=",".join(SCENARIOS),
         help="which to measure, in this order: failover (kill the primary's member), crash (kill its"
-        " PostgreSQL alone), switchover (default: all)",
+        " PostgreSQL alone), switchover, backoff (localkube: the primary's container kept in back-off),"
+        " delete (localkube: its pod deleted); a system skips those it cannot run (default: all)",
     )
     args = parser.parse_args(argv)
     scenarios = tuple(s.strip() for s in args.scenarios.split(",") if s.strip())
@@ -358,6 +499,8 @@ def main(argv: list[str] | None = None) -> int:
         "pgherd-localkube": lambda: PgherdSystem(args.mode, args.detection_seconds, "localkube"),
         "patroni-default": lambda: PatroniSystem(DEFAULT, args.mode),
         "patroni-tuned": lambda: PatroniSystem(TUNED, args.mode),
+        "patroni-localkube-default": lambda: PatroniKubeSystem(DEFAULT, args.mode),
+        "patroni-localkube-tuned": lambda: PatroniKubeSystem(TUNED, args.mode),
     }
     wanted = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = [s for s in wanted if s not in factories]
@@ -369,17 +512,19 @@ def main(argv: list[str] | None = None) -> int:
 
     results: list[Result] = []
     for label in wanted:
-        system = factories[label]()
         result = Result(label)
         results.append(result)
+        system: System | None = None
         try:
+            system = factories[label]()
             measure(system, args.runs, log, result, scenarios)
         except Exception as exc:  # one system failing must not hide the others' figures
             log(f"[{label}] failed: {type(exc).__name__}: {exc}")
             result.errors.append(f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
         finally:
             try:
-                system.stop()
+                if system is not None:
+                    system.stop()
             except Exception as exc:
                 log(f"[{label}] could not stop cleanly: {exc}")
     print_table(results, args.mode, args.detection_seconds)

@@ -111,6 +111,23 @@ class LocalKube:
             check=False,
         )
 
+    def kill_container(self, namespace: str, pod: str, container: str) -> bool:
+        """SIGKILL of the running `container` of the pod, found through the CRI: its init, and with it
+        its PID namespace. False when none is running (not started yet, or in its crash back-off)."""
+        found = self.crictl(
+            "ps", "-q", "--state", "running", "--name", f"^{container}$",
+            "--label", f"io.kubernetes.pod.name={pod}", "--label", f"io.kubernetes.pod.namespace={namespace}",
+        )  # fmt: skip
+        if found.returncode != 0:
+            raise DriverError(f"crictl ps for {namespace}/{pod}: {found.stderr.strip()}")
+        killed = False
+        for found_id in found.stdout.split():
+            inspected = self.crictl("inspect", "-o", "json", found_id)
+            with contextlib.suppress(ValueError, KeyError, ProcessLookupError):
+                os.kill(int(json.loads(inspected.stdout)["info"]["pid"]), signal.SIGKILL)
+                killed = True
+        return killed
+
     @classmethod
     def up(cls) -> LocalKube:
         given = os.environ.get("PGHERD_E2E_LOCALKUBE_DIR")
@@ -194,10 +211,16 @@ class LocalKubeDriver(KubeDriver):
         """The session's localkube cluster, once a scenario has brought it up or found it."""
         return cls._cluster
 
-    def __init__(self, workdir: Path, cluster: str) -> None:
+    @classmethod
+    def shared_cluster(cls) -> LocalKube:
+        """The session's cluster, found or brought up on first use: other systems on the same cluster
+        (the failover bench's Patroni) share it."""
         if LocalKubeDriver._cluster is None:
             LocalKubeDriver._cluster = LocalKube.up()
-        self.localkube = LocalKubeDriver._cluster
+        return LocalKubeDriver._cluster
+
+    def __init__(self, workdir: Path, cluster: str) -> None:
+        self.localkube = self.shared_cluster()
         s3 = self.localkube.s3
         # HTTPS with a private CA (DIR/s3-tls); a DIR brought up before that serves HTTP.
         private_ca = str(s3["endpoint"]).startswith("https://")
@@ -239,21 +262,13 @@ class LocalKubeDriver(KubeDriver):
             super().kill(member, wipe=wipe, keep_down=keep_down)
 
     def _kill_container(self, member: str) -> None:
-        found = self.localkube.crictl(
-            "ps", "-q", "--state", "running", "--name", f"^{CONTAINER}$",
-            "--label", f"io.kubernetes.pod.name={member}",
-            "--label", f"io.kubernetes.pod.namespace={self.namespace}",
-        )  # fmt: skip
-        ids = found.stdout.split()
-        if found.returncode != 0 or not ids:
-            raise DriverError(
-                f"no running {CONTAINER} container of {member}: {found.stderr.strip()}\n{self.describe()}"
-            )
-        for container in ids:
-            inspected = self.localkube.crictl("inspect", "-o", "json", container)
-            pid = int(json.loads(inspected.stdout)["info"]["pid"])
-            # The container's init (its agent): the PID namespace, PostgreSQL included, dies with it.
-            os.kill(pid, signal.SIGKILL)
+        # The container's init (its agent): the PID namespace, PostgreSQL included, dies with it.
+        if not self.kill_if_running(member):
+            raise DriverError(f"no running {CONTAINER} container of {member}\n{self.describe()}")
+
+    def kill_if_running(self, member: str) -> bool:
+        """SIGKILL of the member's container when it runs; False when it does not (in back-off)."""
+        return self.localkube.kill_container(self.namespace, member, CONTAINER)
 
     @contextlib.contextmanager
     def store_unreachable(self) -> Iterator[None]:
