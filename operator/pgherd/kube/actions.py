@@ -334,6 +334,11 @@ async def promote(ctx: ActContext, action: act.Promote) -> None:
     if ip is None or ctx.agents.busy(action.member, ip):
         return
     result = await ctx.agents.call(action.member, ip, "promote", lambda c: c.promote(reason=action.reason))
+    # Its agent answers once it is writable: -rw routes there now rather than after the next observation
+    # (the engine's SetPrimary then finds it done and moves the role labels).
+    pod = ctx.objects.pod(action.member)
+    if pod is not None and rw_member(ctx.objects) != action.member:
+        await _write_rw_slice(ctx, [services.rw_endpoint(pod, ip)])
     # A new primary is the engine's own Event once it sees it (Promoted, engine/narrate.py); the recorded
     # primary promoted again in place (it came back read-only) changes no record: told here.
     if result.changed and action.member == ctx.current_primary:
