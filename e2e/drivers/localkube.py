@@ -123,9 +123,14 @@ class LocalKube:
         killed = False
         for found_id in found.stdout.split():
             inspected = self.crictl("inspect", "-o", "json", found_id)
-            with contextlib.suppress(ValueError, KeyError, ProcessLookupError):
-                os.kill(int(json.loads(inspected.stdout)["info"]["pid"]), signal.SIGKILL)
-                killed = True
+            with contextlib.suppress(ValueError, KeyError):
+                pid = int(json.loads(inspected.stdout)["info"]["pid"])
+                # A container that exited between ps and inspect reports pid 0: os.kill(0) would kill
+                # our own process group.
+                if pid > 1:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                        killed = True
         return killed
 
     @classmethod
