@@ -70,7 +70,9 @@ class CertificateFacts:
         return self.not_before + self.lifetime * RENEW_AFTER
 
 
-@functools.lru_cache(maxsize=4096)
+# Two certificates per cluster, asked for at every tick of each: a cache smaller than that would evict
+# every entry before its next use (a round robin) and parse each again at each tick. Room for 8,192 clusters.
+@functools.lru_cache(maxsize=16384)
 def certificate_facts(pem: str) -> CertificateFacts:
     """What the renewal rule reads of a PEM certificate (parsed once per certificate: every tick asks)."""
     cert = x509.load_pem_x509_certificate(pem.encode())

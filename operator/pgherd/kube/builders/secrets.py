@@ -202,7 +202,9 @@ def agent_server_hostname(cluster: str, member: str, namespace: str) -> str:
     return names.member_host(cluster, member, namespace)
 
 
-@functools.lru_cache(maxsize=1024)
+# One entry per cluster, asked for at every tick: smaller than the clusters, it evicts each entry before
+# its next use (a round robin: 1,024 made every tick of 2,000 clusters verify a signature).
+@functools.lru_cache(maxsize=8192)
 def signed_by(cert_pem: str, ca_pem: str) -> bool:
     """Whether the first certificate of `ca_pem` signed the first of `cert_pem`."""
     try:
