@@ -14,7 +14,6 @@ run two operators in one process), kopf's settings under pgherd.io names, and th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ import kopf
 
 from pgherd.api.annotations import RESTART, ROTATE_CERTIFICATES
 from pgherd.api.cluster import VolumeDeletePolicy
-from pgherd.kube import metrics, names
+from pgherd.kube import heap, metrics, names
 from pgherd.kube.api import Credentials, KubeApi, RetryPolicy
 from pgherd.kube.leader import AlwaysLeader, LeaderElector
 from pgherd.kube.loop import ClusterLoop, OperatorConfig, Wakeups
@@ -66,6 +65,7 @@ class Operator:
     wakeups: Wakeups = field(default_factory=Wakeups)
     loops: dict[tuple[str, str], ClusterLoop] = field(default_factory=dict)
     _election_task: asyncio.Task[None] | None = None
+    _heap_task: asyncio.Task[None] | None = None
 
     def holding(self) -> bool:
         return self.leader is not None and self.leader.holding()
@@ -87,6 +87,24 @@ def _key(namespace: str | None, cluster: str | None) -> tuple[str, str] | None:
 
 def _plain(body: kopf.Body) -> JSON:
     return {k: v for k, v in dict(body).items()}
+
+
+def _indexed(body: kopf.Body) -> JSON:
+    """What an index keeps of an object: all but metadata.managedFields, the write history that nothing
+    here reads (a few KB an object, held for every object of every cluster)."""
+    plain = _plain(body)
+    meta = plain.get("metadata") or {}
+    if "managedFields" in meta:
+        plain["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
+    return plain
+
+
+def _indexed_statefulset(body: kopf.Body) -> JSON:
+    """Of a StatefulSet, the loop reads its metadata and spec.replicas (ClusterObjects.replicas): its pod
+    template, most of the object, is built anew from the spec and need not be kept."""
+    plain = _indexed(body)
+    plain["spec"] = {"replicas": (body.get("spec") or {}).get("replicas")}
+    return plain
 
 
 def _values(index: kopf.Index[Any, Any], key: tuple[str, str]) -> list[JSON]:
@@ -149,13 +167,15 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
                 retry=e.retry,
             )
         operator._election_task = asyncio.get_running_loop().create_task(operator.leader.run(), name="leader")
+        operator._heap_task = asyncio.get_running_loop().create_task(heap.keep_frozen(), name="heap")
         metrics.LEADER.set_function(lambda: 1.0 if operator.holding() else 0.0)
         metrics.CLUSTERS.active = operator.holding
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
-        if operator._election_task is not None:
-            operator._election_task.cancel()
+        for task in (operator._election_task, operator._heap_task):
+            if task is not None:
+                task.cancel()
         for loop in list(operator.loops.values()):
             await loop.close()
         for api in (operator.api, operator.election_api):
@@ -170,12 +190,12 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
         if key is None:
             return None
         operator.wakeups.wake(*key)
-        return {key: _plain(kwargs["body"])}
+        return {key: _indexed(kwargs["body"])}
 
     @kopf.index("persistentvolumeclaims", labels=cluster_labels, id="pgherd_pvcs", registry=registry)
     async def pgherd_pvcs(**kwargs: Any) -> Any:
         key = _key(kwargs["namespace"], kwargs["labels"].get(names.LABEL_CLUSTER))
-        return None if key is None else {key: _plain(kwargs["body"])}
+        return None if key is None else {key: _indexed(kwargs["body"])}
 
     @kopf.index("batch", "v1", "jobs", labels=cluster_labels, id="pgherd_jobs", registry=registry)
     async def pgherd_jobs(**kwargs: Any) -> Any:
@@ -183,14 +203,14 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
         if key is None:
             return None
         operator.wakeups.wake(*key)
-        return {key: _plain(kwargs["body"])}
+        return {key: _indexed(kwargs["body"])}
 
     @kopf.index(
         "apps", "v1", "statefulsets", labels=cluster_labels, id="pgherd_statefulsets", registry=registry
     )
     async def pgherd_statefulsets(**kwargs: Any) -> Any:
         key = _key(kwargs["namespace"], kwargs["labels"].get(names.LABEL_CLUSTER))
-        return None if key is None else {key: _plain(kwargs["body"])}
+        return None if key is None else {key: _indexed_statefulset(kwargs["body"])}
 
     @kopf.index(
         "discovery.k8s.io", "v1", "endpointslices", labels=cluster_labels, id="pgherd_rw_slices",
@@ -213,7 +233,7 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
         if key is None:
             return None
         operator.wakeups.wake(*key)
-        return {key: _plain(kwargs["body"])}
+        return {key: _indexed(kwargs["body"])}
 
     @kopf.index(names.GROUP, names.VERSION, names.PLURAL_RESTORES, id="pgherd_restores", registry=registry)
     async def pgherd_restores(**kwargs: Any) -> Any:
@@ -221,7 +241,7 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
         if key is None:
             return None
         operator.wakeups.wake(*key)
-        return {key: _plain(kwargs["body"])}
+        return {key: _indexed(kwargs["body"])}
 
     @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL_CLUSTERS, id="wake", registry=registry)
     async def wake_cluster(**kwargs: Any) -> None:
@@ -333,8 +353,13 @@ async def _run_loop(
                 raise
             except Exception:
                 log.exception("%s/%s: tick failed; trying again", namespace, name)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wakeup.wait(), timeout=loop.interval())
+            # The interval's end sets the same Event as a watch event: wait_for would cost a Task, and its
+            # cancellation, per wait of each of thousands of loops.
+            timer = asyncio.get_running_loop().call_later(loop.interval(), wakeup.set)
+            try:
+                await wakeup.wait()
+            finally:
+                timer.cancel()
     finally:
         operator.loops.pop(key, None)
         metrics.CLUSTERS.forget(namespace, name)
