@@ -23,7 +23,7 @@ import kopf
 
 from pgherd.api.annotations import RESTART, ROTATE_CERTIFICATES
 from pgherd.api.cluster import VolumeDeletePolicy
-from pgherd.kube import heap, metrics, names
+from pgherd.kube import metrics, names
 from pgherd.kube.api import Credentials, KubeApi, RetryPolicy
 from pgherd.kube.leader import AlwaysLeader, LeaderElector
 from pgherd.kube.loop import ClusterLoop, OperatorConfig, Wakeups
@@ -65,7 +65,6 @@ class Operator:
     wakeups: Wakeups = field(default_factory=Wakeups)
     loops: dict[tuple[str, str], ClusterLoop] = field(default_factory=dict)
     _election_task: asyncio.Task[None] | None = None
-    _heap_task: asyncio.Task[None] | None = None
 
     def holding(self) -> bool:
         return self.leader is not None and self.leader.holding()
@@ -167,15 +166,13 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
                 retry=e.retry,
             )
         operator._election_task = asyncio.get_running_loop().create_task(operator.leader.run(), name="leader")
-        operator._heap_task = asyncio.get_running_loop().create_task(heap.keep_frozen(), name="heap")
         metrics.LEADER.set_function(lambda: 1.0 if operator.holding() else 0.0)
         metrics.CLUSTERS.active = operator.holding
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
-        for task in (operator._election_task, operator._heap_task):
-            if task is not None:
-                task.cancel()
+        if operator._election_task is not None:
+            operator._election_task.cancel()
         for loop in list(operator.loops.values()):
             await loop.close()
         for api in (operator.api, operator.election_api):
