@@ -215,6 +215,9 @@ def statefulset(namespace: str, image: str) -> Object:
                         "runAsUser": 999,
                         "runAsGroup": 999,
                         "fsGroup": 999,
+                        # Not again on a claim already made: its setgid, group-writable bits on the data
+                        # directory would make PostgreSQL refuse to start (a deleted pod made again).
+                        "fsGroupChangePolicy": "OnRootMismatch",
                         "seccompProfile": {"type": "RuntimeDefault"},
                     },
                     # A deletion is a drain's: SIGTERM, Patroni stops PostgreSQL and gives up the leader key.

@@ -2,9 +2,11 @@
 
     .venv/bin/python bench/failover_bench.py [--runs 5] [--systems pgherd,patroni-default,patroni-tuned]
                                              (also: pgherd-localkube, the operator on a real Kubernetes
-                                              on this machine: python -m e2e.localkube, docs/e2e.md)
+                                              on this machine: python -m e2e.localkube, docs/e2e.md;
+                                              patroni-localkube-default, patroni-localkube-tuned: Patroni's
+                                              Kubernetes DCS on the same cluster, bench/_patroni_kube.py)
                                              [--mode quorum|async] [--detection-seconds 3]
-                                             [--scenarios failover,crash,switchover]
+                                             [--scenarios failover,crash,switchover,backoff,delete]
 
 For each system: a 3-member cluster on this machine's PostgreSQL, one write loop (e2e/workload.py, the
 loop the e2e scenarios use) through a libpq multi-host read-write DSN, then
@@ -16,6 +18,11 @@ loop the e2e scenarios use) through a libpq multi-host read-write DSN, then
   * crash restart (`--postgres-only` kills): kill -9 of the primary's PostgreSQL alone, under a live
     agent / Patroni -> the longest write gap, measured as for a failover (pgherd's agent restarts it read-only at
     once and the engine promotes it in place; Patroni restarts it at its next loop);
+  * on localkube only, two more kills of the primary, measured as a failover: `backoff`, its container
+    killed again each time the kubelet restarts it, until another member is primary or 60 s passed
+    (then it comes back after its crash back-off); `delete`, its pod deleted as a drain or a person
+    does (SIGTERM, the grace period; the StatefulSet makes it again). A system skips the scenarios it
+    cannot run (PostgreSQL alone on localkube; back-off and deletion in the sandbox);
   * acknowledged writes lost: acknowledged ids missing from the primary at the end.
 Each kill and switchover starts from a steady cluster: every replica streaming, as PostgreSQL itself
 reports (Patroni's lag reads 0 before a new replica's slot exists). The "promoted" column counts the
