@@ -3,7 +3,8 @@
 cluster's containerd (namespace k8s.io, where pods find it with imagePullPolicy Never).
 
 Cached: the tag is a hash of the Dockerfile, the base image's ID and Patroni's version, so the image
-is built only when one of them changed, and imported only when containerd does not hold that tag.
+is built only when one of them changed (the older ones removed), and imported only when containerd does
+not hold that tag.
 """
 
 from __future__ import annotations
@@ -74,14 +75,19 @@ def ensure_image(localkube_dir: Path, base: str, log: Callable[[str], None] = pr
             *(["--secret", f"id=pip-ca,src={ca}"] if ca else []),
             "--tag", tag, str(CONTEXT),
         )  # fmt: skip
+        # The images of earlier inputs are never used again: only the newest is kept in podman.
+        listed = _podman("images", "--format", "{{.Repository}}:{{.Tag}}", REPOSITORY, check=False)
+        for old in set(listed.stdout.split()) - {tag}:
+            _podman("rmi", old, check=False)
     layout = Layout(localkube_dir)
     if tag not in ctr(layout, "images", "list", "--quiet").split():
+        # Written for the import alone (podman keeps the image): a cluster brought up again imports anew.
+        IMAGE_CACHE.mkdir(parents=True, exist_ok=True)
         archive = IMAGE_CACHE / f"{tag.rsplit('/', 1)[1].replace(':', '_')}.oci.tar"
-        if not archive.exists():
-            IMAGE_CACHE.mkdir(parents=True, exist_ok=True)
-            partial = archive.with_suffix(".partial")
-            _podman("save", "--quiet", "--format", "oci-archive", "--output", str(partial), tag)
-            partial.rename(archive)
-        log(f"importing {tag} into the containerd of {localkube_dir}")
-        import_archive(layout, archive, tag)
+        try:
+            _podman("save", "--quiet", "--format", "oci-archive", "--output", str(archive), tag)
+            log(f"importing {tag} into the containerd of {localkube_dir}")
+            import_archive(layout, archive, tag)
+        finally:
+            archive.unlink(missing_ok=True)
     return tag
