@@ -162,6 +162,9 @@ class PgherdSystem:
         return self.driver.rw_dsn()
 
     def primary(self) -> str | None:
+        if isinstance(self.driver, LocalKubeDriver):  # one read, not the whole status (polled during kills)
+            status = self.driver.get("postgresclusters.pgherd.io", self.driver.cluster).get("status") or {}
+            return status.get("currentPrimary")
         return self.driver.status().get("primary")
 
     def kill(self, member: str) -> None:
@@ -347,6 +350,34 @@ def _keep_down(system: System, old: str) -> int:
     return kills
 
 
+class _PrimaryWatch:
+    """Every primary the system reports while a kill is measured, polled in a thread: a graceful
+    deletion's old primary may acknowledge the first write after it before it hands over, so the
+    primary at that write does not tell whether another member was promoted."""
+
+    def __init__(self, system: System) -> None:
+        self.system = system
+        self.seen: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="primary-watch", daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            try:
+                primary = self.system.primary()
+            except Exception:  # a failed read is retried at the next tick
+                primary = None
+            if primary is not None and (not self.seen or self.seen[-1] != primary):
+                self.seen.append(primary)
+            self._stop.wait(0.2)
+
+    def stop(self) -> list[str]:
+        self._stop.set()
+        self._thread.join(timeout=60)
+        return self.seen
+
+
 def _kill_run(system: System, load: WriteLoad, scenario: str, result: Result) -> str:
     """One kill of the primary by `scenario`, measured; returns what to log."""
     system.wait_healthy()
@@ -354,34 +385,37 @@ def _kill_run(system: System, load: WriteLoad, scenario: str, result: Result) ->
     old = system.primary()
     if old is None:
         raise RuntimeError("no primary before the kill")
-    if scenario == "delete":
-        system.delete(old)
-    elif scenario == "crash":
-        system.kill_postgres(old)
-    else:
-        system.kill(old)
-    # Timed from the moment the kill returned, counting only writes begun after it: a commit in flight
-    # at the kill may still deliver its acknowledgement from the socket buffer.
-    killed_at = time.monotonic()
-    again = _keep_down(system, old) if scenario == "backoff" else 0
-    _wait_for_write(load, killed_at, FAILOVER_TIMEOUT, begun_after=True)
+    watch = _PrimaryWatch(system)
+    try:
+        if scenario == "delete":
+            system.delete(old)
+        elif scenario == "crash":
+            system.kill_postgres(old)
+        else:
+            system.kill(old)
+        # Timed from the moment the kill returned, counting only writes begun after it: a commit in
+        # flight at the kill may still deliver its acknowledgement from the socket buffer.
+        killed_at = time.monotonic()
+        again = _keep_down(system, old) if scenario == "backoff" else 0
+        _wait_for_write(load, killed_at, FAILOVER_TIMEOUT, begun_after=True)
+        if scenario == "failover":
+            system.after_failover(old)
+        result.seconds[scenario].append(_outage(system, load, killed_at))
+    finally:
+        seen = watch.stop()
     # Writes may come back because the killed member was restarted in place (still primary), not
     # because a replica was promoted: count the real failovers.
-    now_primary = system.primary()
-    result.promoted[scenario] += now_primary not in (None, old)
-    if scenario == "failover":
-        system.after_failover(old)
-    result.seconds[scenario].append(_outage(system, load, killed_at))
+    promoted = [p for p in seen if p != old]
+    result.promoted[scenario] += bool(promoted)
     how = {
-        "failover": "killed",
+        "failover": " killed",
         "crash": "'s PostgreSQL killed",
         "backoff": f"'s container killed and kept down ({1 + again} kills)",
         "delete": "'s pod deleted",
     }[scenario]
     return (
-        f"{old}{how if scenario != 'failover' else ' ' + how}, writes unavailable for"
-        f" {result.seconds[scenario][-1]:.2f} s, then on {now_primary}"
-        f"{' (restarted in place: no failover)' if now_primary == old else ''}"
+        f"{old}{how}, writes unavailable for {result.seconds[scenario][-1]:.2f} s, primaries seen"
+        f" {' -> '.join(seen) or 'none'}{'' if promoted else ' (restarted in place: no failover)'}"
     )
 
 
