@@ -474,8 +474,9 @@ class PatroniKubeCluster:
         return self.localkube.kill_container(self.namespace, member, CONTAINER)
 
     def delete_pod(self, member: str) -> None:
-        """A graceful deletion, as a drain or a person does; the StatefulSet makes the pod again."""
-        self._ns("delete", "pod", member, "--wait=false")
+        """A graceful deletion, as a drain or a person does, returning once the pod is gone; the
+        StatefulSet makes it again."""
+        self._ns("delete", "pod", member, timeout=300)
 
     def switchover(self, attempts: int = 3) -> None:
         """POST /switchover on the leader's REST API (its pod IP), as `patronictl switchover --force`

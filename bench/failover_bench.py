@@ -85,7 +85,7 @@ class System(Protocol):
     def kill(self, member: str) -> None: ...
     def kill_postgres(self, member: str) -> None: ...
     def kill_if_running(self, member: str) -> bool: ...
-    def delete(self, member: str) -> None: ...
+    def delete(self, member: str) -> None: ...  # a graceful deletion of its pod, returning once it is gone
     def after_failover(self, killed: str) -> None: ...
     def switchover(self) -> None: ...
     def wait_healthy(self) -> None: ...
@@ -185,7 +185,7 @@ class PgherdSystem:
     def delete(self, member: str) -> None:
         if not isinstance(self.driver, LocalKubeDriver):
             raise NotImplementedError(f"{self.label}: no pod to delete")
-        self.driver.kube.run("-n", self.driver.namespace, "delete", "pod", member, "--wait=false")
+        self.driver.kube.run("-n", self.driver.namespace, "delete", "pod", member, timeout=300)
 
     def after_failover(self, killed: str) -> None:
         pass  # the sandbox restarts the member by itself, like kubelet
@@ -388,14 +388,18 @@ def _kill_run(system: System, load: WriteLoad, scenario: str, result: Result) ->
     watch = _PrimaryWatch(system)
     try:
         if scenario == "delete":
+            # Timed from the request: the pod serves through its grace period, and the deletion
+            # returns once it is gone, so that "healthy" below is not read before it went.
+            killed_at = time.monotonic()
             system.delete(old)
-        elif scenario == "crash":
-            system.kill_postgres(old)
         else:
-            system.kill(old)
-        # Timed from the moment the kill returned, counting only writes begun after it: a commit in
-        # flight at the kill may still deliver its acknowledgement from the socket buffer.
-        killed_at = time.monotonic()
+            if scenario == "crash":
+                system.kill_postgres(old)
+            else:
+                system.kill(old)
+            # Timed from the moment the kill returned, counting only writes begun after it: a commit in
+            # flight at the kill may still deliver its acknowledgement from the socket buffer.
+            killed_at = time.monotonic()
         again = _keep_down(system, old) if scenario == "backoff" else 0
         _wait_for_write(load, killed_at, FAILOVER_TIMEOUT, begun_after=True)
         if scenario == "failover":
