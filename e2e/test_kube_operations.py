@@ -249,15 +249,17 @@ def test_a_cluster_becomes_running_with_a_labelled_primary_behind_the_rw_service
     assert roles == {m: ("primary" if m == primary else "replica") for m in (f"{NAME}-{i}" for i in range(3))}
     rw = bed.read("services", f"{NAME}-rw")
     assert rw is not None
-    selector = rw["spec"]["selector"]
-    selected = [
-        p["metadata"]["name"] for p in bed.pods() if selector.items() <= p["metadata"]["labels"].items()
-    ]
-    assert selected == [primary]
-    # The Service's endpoints, as kube-proxy routes them: the primary's address alone.
+    # No selector: the operator writes the Service's one EndpointSlice (no controller writes another).
+    assert not rw["spec"].get("selector"), rw["spec"]
     slices = bed.items("endpointslices.discovery.k8s.io", f"kubernetes.io/service-name={NAME}-rw")
+    assert [s["metadata"]["labels"].get("endpointslice.kubernetes.io/managed-by") for s in slices] == [
+        "operator.pgherd.io"
+    ], slices
+    # The Service's endpoints, as kube-proxy routes them: the primary's address alone.
     addresses = {a for s in slices for e in s.get("endpoints") or [] for a in e.get("addresses") or []}
     assert addresses == {bed.pod(primary)["status"]["podIP"]}  # type: ignore[index]
+    targets = [e["targetRef"]["name"] for s in slices for e in s.get("endpoints") or []]
+    assert targets == [primary]
     execute(bed.driver.rw_dsn(), "CREATE TABLE marks (id int PRIMARY KEY, at text)")
     bed.mark(1, "created")
 
