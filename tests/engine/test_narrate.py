@@ -69,7 +69,7 @@ def test_a_requested_switchover_tells_its_steps_and_leaves_its_answer_to_the_ada
     ((reason, message, warning),) = told(draining)
     assert (reason, warning) == ("SwitchoverStarted", False)
     assert message == (
-        "switchover from pg-0 to pg-1 (requested); draining pg-0: out of the rw Service, then a clean shutdown"
+        "switchover from pg-0 to pg-1 (requested); draining pg-0: a clean shutdown (writes refused), then the promotion"
     )
     stopped = replace(
         view.members[0], fenced=True, stopped=True, shutdown_clean=True, reachable=False, role=Role.UNKNOWN

@@ -161,7 +161,7 @@ def _step_text(operation: Operation) -> str:
         if kind is OperationKind.FAILOVER
         else "fencing every member: nothing may write while the data is replaced",
         "promote": f"promoting {target}",
-        "switchover-fence": f"draining {source}: out of the rw Service, then a clean shutdown",
+        "switchover-fence": f"draining {source}: a clean shutdown (writes refused), then the promotion",
         "switchover-catchup": f"waiting for {target} to hold all of {source}'s WAL",
         "switchover-promote": f"promoting {target}",
         "replicas": f"restarting {len(operation.plan)} member(s)",

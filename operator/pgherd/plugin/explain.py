@@ -558,7 +558,7 @@ def _switchover_steps(operation: Operation) -> tuple[Step, ...]:
     source, target = operation.source, operation.target
     return _states(
         [
-            ("switchover-fence", f"drain {source}: out of the rw Service, clean shutdown"),
+            ("switchover-fence", f"drain {source}: a clean shutdown (writes refused)"),
             ("switchover-catchup", f"{target} catches up with {source}'s final WAL position"),
             ("switchover-promote", f"promote {target}, re-point the others"),
         ],
