@@ -488,6 +488,8 @@ class ModelCluster:
 
     def _do_Demote(self, a: A.Demote) -> None:
         node = self._node(a.member)
+        if node is not None and self.rw == node.name:
+            self.rw = None  # Kubernetes: out of the -rw slice before the read-only start
         if node is None or not node.fenced or node.restarting_to is not None or node.running:
             return
         if not node.pod_up:

@@ -131,3 +131,20 @@ def test_a_fence_by_deletion_empties_the_rw_slice_before_the_deletion(
         "delete pods/hippo-0 -> 200",
     ]
     assert _routes(kube, ns) == []
+
+
+def test_a_demoted_member_leaves_the_rw_slice_before_its_read_only_start(
+    kube: Kube, namespace: str, chart_operator: ChartIdentity, audit: AuditLog
+) -> None:
+    """A fenced primary started read-only (its WAL counted while no primary is chosen) is no place for
+    -rw clients: they would meet a read-only server rather than a refusal."""
+    ns = namespace
+    kube.create(cluster_manifest(ns))
+    primary = _member_pod(kube, ns, "hippo-0", "10.9.0.30")
+    apply_as_operator(
+        kube, ns, chart_operator, [primary], (act.SetPrimary("hippo-0", reason="first primary"),)
+    )
+    mark = audit.fence()
+    apply_as_operator(kube, ns, chart_operator, [primary], (act.Demote("hippo-0", reason="count its WAL"),))
+    assert _writes(audit, chart_operator, mark) == ["patch endpointslices/hippo-rw -> 200"]
+    assert _routes(kube, ns) == []

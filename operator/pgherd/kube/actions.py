@@ -321,6 +321,9 @@ async def _spawned(
 
 
 async def demote(ctx: ActContext, action: act.Demote) -> None:
+    # Read-only from now on: out of -rw first (a client there would meet a read-only server, not a
+    # refusal), as the fence of an unanswering member; the promotion routes -rw again.
+    await _unroute(ctx, action.member)
     await _spawned(ctx, action.member, "read-only start", lambda c: c.demote(reason=action.reason))
 
 
