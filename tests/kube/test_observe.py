@@ -462,3 +462,16 @@ def test_a_member_is_ready_for_its_services_when_the_kubelet_says_so() -> None:
     objects = ClusterObjects(cluster(), pods=[unready, ready], statefulset=sts(2))
     views = members(objects, {"db-0": agent("db-0"), "db-1": agent("db-1")})
     assert [(v.ready, v.platform_ready) for v in views] == [(True, False), (True, True)]
+
+
+def test_a_reachable_member_whose_pod_is_being_deleted_is_terminating_before_its_agent_says_so() -> None:
+    """The deletion's watch event wakes the loop before the kubelet's SIGTERM reaches the agent: the
+    engine hands the primary over at once instead of at the next poll (2 s later)."""
+    deleted, kept = pod("db-0"), pod("db-1")
+    deleted["metadata"]["deletionTimestamp"] = "2026-11-23T12:00:00Z"
+    objects = ClusterObjects(cluster(), pods=[deleted, kept], statefulset=sts(2))
+    views = members(objects, {"db-0": agent("db-0", role="primary"), "db-1": agent("db-1")})
+    assert [(v.name, v.terminating) for v in views] == [("db-0", True), ("db-1", False)]
+    # Not answering: nothing to hand over from (its fence is the deletion itself).
+    unanswered = members(objects, {"db-1": agent("db-1")})
+    assert [(v.name, v.terminating) for v in unanswered] == [("db-0", False), ("db-1", False)]

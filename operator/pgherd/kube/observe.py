@@ -184,6 +184,10 @@ def members(
             continue
         view = member_view(name, ordinal, status, resolve_upstream=resolve, process_gone=process_gone(pod))
         view = replace(view, platform_ready=pod_ready(pod))
+        if view.reachable and pod is not None and pod["metadata"].get("deletionTimestamp"):
+            # Deleted (a drain, an eviction, a person): its agent gets SIGTERM and says so in a moment,
+            # but the deletion's own watch event wakes the loop first; a poll later is up to 2 s lost.
+            view = replace(view, terminating=True)
         if status is not None and not status.data_present and status.action is None:
             # Its agent answers for an empty volume: seeded by CreateMember, or restored into.
             view = MemberView(
