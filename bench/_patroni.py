@@ -151,7 +151,7 @@ class PatroniCluster:
         ]  # fmt: skip
         log = (self.root / "etcd.log").open("wb")
         self.etcd = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        self._wait(lambda: _http_json(f"{client}/health") is not None, 30, "etcd to answer")
+        self._wait(lambda: http_json(f"{client}/health") is not None, 30, "etcd to answer")
 
     def _write_config(self, m: PatroniMember) -> None:
         m.home.mkdir(parents=True, exist_ok=True)
@@ -248,24 +248,17 @@ class PatroniCluster:
         for m in self.members:
             if m.proc is None or m.proc.poll() is not None:
                 continue
-            view = _http_json(f"http://127.0.0.1:{m.rest_port}/cluster")
+            view = http_json(f"http://127.0.0.1:{m.rest_port}/cluster")
             if isinstance(view, dict):
                 return view
         return None
 
     def leader(self) -> str | None:
-        view = self.cluster_view() or {}
-        return next((str(x["name"]) for x in view.get("members", []) if x.get("role") == "leader"), None)
+        return view_leader(self.cluster_view())
 
     def healthy(self) -> bool:
-        view = self.cluster_view() or {}
-        members = view.get("members", [])
-        if len(members) != len(self.members) or sum(x.get("role") == "leader" for x in members) != 1:
-            return False
-        replicas = [x for x in members if x.get("role") != "leader"]
-        if not all(x.get("state") in ("running", "streaming") and x.get("lag") == 0 for x in replicas):
-            return False
-        if self.synchronous and not any(x.get("role") == "sync_standby" for x in replicas):
+        replicas = settled_replicas(self.cluster_view(), len(self.members), synchronous=self.synchronous)
+        if replicas is None:
             return False
         # Patroni's lag compares with the leader's optime as of its last loop: a replica that is not
         # streaming yet (its slot is created on the leader's next loop) still shows lag 0. Ask PostgreSQL.
@@ -350,7 +343,30 @@ class PatroniCluster:
             time.sleep(0.5)
 
 
-def _http_json(url: str) -> Any:
+def view_leader(view: dict[str, Any] | None) -> str | None:
+    """The leader's name in Patroni's GET /cluster answer."""
+    members = (view or {}).get("members", [])
+    return next((str(x["name"]) for x in members if x.get("role") == "leader"), None)
+
+
+def settled_replicas(
+    view: dict[str, Any] | None, size: int, *, synchronous: bool
+) -> list[dict[str, Any]] | None:
+    """The replicas of Patroni's GET /cluster answer when it says the cluster is whole (``size`` members,
+    one leader, replicas running with no lag, a sync standby when ``synchronous``); None otherwise."""
+    members = (view or {}).get("members", [])
+    if len(members) != size or sum(x.get("role") == "leader" for x in members) != 1:
+        return None
+    replicas = [x for x in members if x.get("role") != "leader"]
+    if not all(x.get("state") in ("running", "streaming") and x.get("lag") == 0 for x in replicas):
+        return None
+    if synchronous and not any(x.get("role") == "sync_standby" for x in replicas):
+        return None
+    return replicas
+
+
+def http_json(url: str) -> Any:
+    """A JSON answer, or None when nothing (or no JSON) answers within 2 s."""
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
             return json.loads(response.read())

@@ -27,7 +27,7 @@ from typing import Any
 
 import psycopg
 import yaml
-from bench._patroni import Timing
+from bench._patroni import Timing, http_json, settled_replicas, view_leader
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -409,24 +409,17 @@ class PatroniKubeCluster:
     def cluster_view(self) -> dict[str, Any] | None:
         """Patroni's own view (GET /cluster) from the first member whose REST API answers."""
         for ip in self.pod_ips().values():
-            view = _http_json(f"http://{ip}:{REST_PORT}/cluster")
+            view = http_json(f"http://{ip}:{REST_PORT}/cluster")
             if isinstance(view, dict):
                 return view
         return None
 
     def leader(self) -> str | None:
-        view = self.cluster_view() or {}
-        return next((str(x["name"]) for x in view.get("members", []) if x.get("role") == "leader"), None)
+        return view_leader(self.cluster_view())
 
     def healthy(self) -> bool:
-        view = self.cluster_view() or {}
-        members = view.get("members", [])
-        if len(members) != MEMBERS or sum(x.get("role") == "leader" for x in members) != 1:
-            return False
-        replicas = [x for x in members if x.get("role") != "leader"]
-        if not all(x.get("state") in ("running", "streaming") and x.get("lag") == 0 for x in replicas):
-            return False
-        if self.synchronous and not any(x.get("role") == "sync_standby" for x in replicas):
+        replicas = settled_replicas(self.cluster_view(), MEMBERS, synchronous=self.synchronous)
+        if replicas is None:
             return False
         # As bench/_patroni.py: Patroni's lag is as of the leader's last loop; ask PostgreSQL.
         return all(self._streaming(str(x.get("host"))) for x in replicas)
@@ -498,14 +491,6 @@ class PatroniKubeCluster:
                 raise RuntimeError(f"Patroni's switchover failed ({status}): {body[-1500:]}")
             time.sleep(2)
             self.wait_healthy()
-
-
-def _http_json(url: str) -> Any:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return json.loads(response.read())
-    except (OSError, urllib.error.URLError, ValueError):
-        return None
 
 
 def _http_post(url: str, body: dict[str, Any], auth: tuple[str, str]) -> tuple[int, str]:
