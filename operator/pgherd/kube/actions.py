@@ -352,11 +352,11 @@ async def set_primary(ctx: ActContext, action: act.SetPrimary) -> None:
     """The -rw slice names the new primary in one write (the old address replaced, never an empty slice
     between: kube-proxy applies one change at once, a second only after its minimum sync period); the
     role labels follow, never two pods labelled primary."""
-    pod, ip = ctx.objects.pod(action.member), _ip(ctx, action.member)
-    if pod is None or ip is None:
+    target, ip = ctx.objects.pod(action.member), _ip(ctx, action.member)
+    if target is None or ip is None:
         return  # no address yet: the engine asks again
     if rw_member(ctx.objects) != action.member:
-        await _write_rw_slice(ctx, [services.rw_endpoint(pod, ip)])
+        await _write_rw_slice(ctx, [services.rw_endpoint(target, ip)])
     for pod in ctx.objects.pods:
         name = pod["metadata"]["name"]
         if (
