@@ -18,19 +18,21 @@ from e2e.workload import present_ids
 RECOVERY_TIMEOUT = 300.0
 
 
-def lose_majority(
-    cluster: Driver, *, wipe_primary: bool, wipe_replica: bool, keep_down: bool
-) -> tuple[str, str, str]:
+def lose_majority(cluster: Driver, *, wipe_primary: bool, wipe_replica: bool) -> tuple[str, str, str]:
     """Kill the primary and one replica of a healthy 3-member cluster at once (one after the other, the
-    first loss would be failed over before the second); wait for QuorumLost. (primary, lost replica,
-    survivor)."""
+    first loss would be failed over before the second), kept down until bring_back(); wait for
+    QuorumLost. (primary, lost replica, survivor).
+
+    Kept down, because a member allowed to restart may be back before anyone sees the quorum lost: on
+    a kubelet a crashed container restarts at once, and the old primary, read-only with its data, and
+    the survivor are a majority again within a second (a poll of the status can miss that)."""
     status = cluster.wait_for(healthy(3), 120, "a healthy cluster before the majority failure")
     primary = str(status["primary"])
     survivor, lost_replica = sorted(replicas(status))
     with ThreadPoolExecutor(max_workers=2) as pool:
         kills = [
-            pool.submit(cluster.kill, primary, wipe=wipe_primary, keep_down=keep_down),
-            pool.submit(cluster.kill, lost_replica, wipe=wipe_replica, keep_down=keep_down),
+            pool.submit(cluster.kill, primary, wipe=wipe_primary, keep_down=True),
+            pool.submit(cluster.kill, lost_replica, wipe=wipe_replica, keep_down=True),
         ]
         for done in kills:
             done.result()

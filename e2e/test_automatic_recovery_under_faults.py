@@ -41,9 +41,7 @@ def cluster(new_cluster: NewCluster, pg_version: int) -> Driver:
 
 def test_recovers_on_its_own_with_members_that_never_return(cluster: Driver) -> None:
     with StatusRecorder(cluster) as recorder:
-        primary, lost_replica, _ = lose_majority(
-            cluster, wipe_primary=True, wipe_replica=True, keep_down=True
-        )
+        primary, lost_replica, _ = lose_majority(cluster, wipe_primary=True, wipe_replica=True)
         status = cluster.wait_for(
             restored_with_members(1, {primary, lost_replica}),
             RECOVERY_TIMEOUT,
@@ -62,9 +60,7 @@ def test_recovers_on_its_own_with_members_that_never_return(cluster: Driver) -> 
 
 def test_members_returning_while_it_recovers(cluster: Driver) -> None:
     with StatusRecorder(cluster) as recorder:
-        primary, lost_replica, _ = lose_majority(
-            cluster, wipe_primary=True, wipe_replica=True, keep_down=True
-        )
+        primary, lost_replica, _ = lose_majority(cluster, wipe_primary=True, wipe_replica=True)
         cluster.wait_for(lambda s: s.get("phase") == "Recovering", 120, "phase Recovering")
         cluster.bring_back(primary)
         cluster.bring_back(lost_replica)

@@ -53,10 +53,10 @@ def completed(name: str) -> Callable[[ClusterStatus], bool]:
 def test_a_restore_applied_while_the_lost_members_are_down(cluster: Driver) -> None:
     restore = "e2e-restore-faults-down"
     with StatusRecorder(cluster) as recorder:
-        primary, lost_replica, survivor = lose_majority(
-            cluster, wipe_primary=False, wipe_replica=True, keep_down=False
-        )
+        primary, lost_replica, survivor = lose_majority(cluster, wipe_primary=False, wipe_replica=True)
         restore_now(cluster, restore)
+        cluster.bring_back(primary)
+        cluster.bring_back(lost_replica)
         cluster.wait_for(completed(restore), RECOVERY_TIMEOUT, f"Restore {restore} Completed")
         status = cluster.wait_for(unless_failed(healthy(3)), RECOVERY_TIMEOUT, "a healthy 3-member cluster")
     phases = recorder.phases()
@@ -70,7 +70,7 @@ def test_a_restore_applied_while_the_lost_members_are_down(cluster: Driver) -> N
 
 def test_a_restore_completes_with_members_that_never_return(cluster: Driver) -> None:
     restore = "e2e-restore-faults-never"
-    primary, lost_replica, _ = lose_majority(cluster, wipe_primary=True, wipe_replica=True, keep_down=True)
+    primary, lost_replica, _ = lose_majority(cluster, wipe_primary=True, wipe_replica=True)
     restore_now(cluster, restore)
     cluster.wait_for(completed(restore), RECOVERY_TIMEOUT, f"Restore {restore} Completed")
     status = cluster.wait_for(
