@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import base64
 import time
+from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from cryptography import x509
 
 from pgherd.api.cluster import PostgresClusterSpec
@@ -21,6 +23,7 @@ from pgherd.engine.revision import spec_revision
 from pgherd.kube import metrics, names
 from pgherd.kube.builders import secrets
 from pgherd.kube.builders.common import ClusterRef
+from pgherd.kube.loop import ClusterLoop
 from pgherd_backup.agent.auth import token_digest
 from pgherd_backup.agent.tls import certificate_facts, make_server_cert
 
@@ -339,3 +342,122 @@ def test_a_renewal_the_api_server_refuses_shows_in_the_condition(
             ),
             what="CertificatesValid True once the renewal passes",
         )
+
+
+class CheckCounter:
+    """How often the ticks ran and the certificate check decoded the agents' Secret (`secret_values`)
+    or asked whether a renewal is due (`agent_certificate_due`): counting wrappers, the real functions
+    still do the work."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.counts: Counter[str] = Counter()
+        for name in ("secret_values", "agent_certificate_due"):
+            monkeypatch.setattr(secrets, name, self._counted(name, getattr(secrets, name)))
+        tick = ClusterLoop.tick
+
+        async def counted_tick(loop: ClusterLoop) -> None:
+            self.counts["tick"] += 1
+            await tick(loop)
+
+        monkeypatch.setattr(ClusterLoop, "tick", counted_tick)
+
+    def _counted(self, name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.counts[name] += 1
+            return function(*args, **kwargs)
+
+        return counted
+
+    def settled(self, seconds: float = 1.2) -> Counter[str]:
+        """What `seconds` of ticks (every 0.2 s) cost."""
+        before = Counter(self.counts)
+        time.sleep(seconds)
+        return self.counts - before
+
+
+def test_the_certificate_check_runs_only_when_its_inputs_change(
+    kube: Kube, namespace: str, chart_operator: ChartIdentity, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A settled loop neither decodes the agents' Secret nor asks whether a renewal is due (at 2,000
+    clusters that was a few percent of the operator's CPU, every 2 s per cluster); the check runs again
+    when time reaches a certificate's renewal point (renewed then, Due), when the spec changes what it
+    reads (a shorter certificateLifetime: renewed, LifetimeChanged), and after the Secret it wrote."""
+    ns = namespace
+    lifetime = timedelta(hours=3)
+    _, ref = created(kube, ns, tls={"certificateLifetime": "3h"})
+    # Issued so that two thirds of its life have passed RENEW_IN seconds from now (renew_at is a fixed
+    # offset from the `now` it is issued at: measured on a probe).
+    renew_in = timedelta(seconds=10)
+    probe_issuer = secrets.generate_operator_data("probe")
+    start = datetime.now(UTC)
+    probe = secrets.generate_agent_data("hippo", ns, probe_issuer, lifetime=lifetime, now=start)
+    offset = certificate_facts(probe["tls.crt"]).renew_at - start
+    issued_at = datetime.now(UTC) + renew_in - offset
+    seed_secrets(
+        kube,
+        ref,
+        lambda issuer: secrets.generate_agent_data("hippo", ns, issuer, lifetime=lifetime, now=issued_at),
+    )
+    seeded = kube.read("secrets", ns, "hippo-agent")
+    assert seeded is not None
+    old = values(seeded)
+    renew_at = certificate_facts(old["tls.crt"]).renew_at
+    counter = CheckCounter(monkeypatch)
+    with running_as(chart_operator):
+        first = eventually(
+            lambda: ((kube.read("postgresclusters", ns, "hippo") or {}).get("status") or {}).get(
+                "certificates"
+            ),
+            what="status.certificates",
+        )
+        # The seeded certificates were checked and kept: not due yet.
+        assert {r["name"]: r["renewAt"] for r in first}["server"] == secrets.format_time(renew_at), first
+        time.sleep(0.4)
+        cost = counter.settled()
+        assert datetime.now(UTC) < renew_at, "the operator started too late to see a settled tick"
+        assert cost["tick"] >= 3 and cost["secret_values"] == 0 and cost["agent_certificate_due"] == 0, cost
+
+        # Time crosses the renewal point: the certificates are issued again, with no other input changed.
+        renewed = eventually(
+            lambda: agent_secret_changed(kube, ns, old["tls.crt"]), timeout=30, what="renewal"
+        )
+        assert datetime.now(UTC) >= renew_at
+        note = eventually(
+            lambda: events(kube, ns, lambda e: e.get("reason") == "CertificatesRenewed"), what="the Event"
+        )[0]["note"]
+        assert "two thirds of the server certificate's lifetime have passed" in note, note
+        time.sleep(0.4)
+        cost = counter.settled()
+        assert cost["tick"] >= 3 and cost["secret_values"] == 0 and cost["agent_certificate_due"] == 0, cost
+
+        # A spec change that the check does not read: the check stays settled.
+        kube.merge("postgresclusters", ns, "hippo", {"spec": {"instances": 2}})
+        eventually(
+            lambda: (
+                (c := kube.read("postgresclusters", ns, "hippo"))
+                and (c.get("status") or {}).get("observedGeneration") == c["metadata"]["generation"] > 1
+            ),
+            what="observedGeneration to catch up",
+        )
+        cost = counter.settled()
+        assert cost["secret_values"] == 0 and cost["agent_certificate_due"] == 0, cost
+
+        # A certificateLifetime shorter than the certificates' (by more than the hour of slack): issued
+        # again at once.
+        again = values(renewed)
+        kube.merge("postgresclusters", ns, "hippo", {"spec": {"tls": {"certificateLifetime": "1h"}}})
+        shorter = eventually(lambda: agent_secret_changed(kube, ns, again["tls.crt"]), what="the renewal")
+        notes = eventually(
+            lambda: [
+                e["note"]
+                for e in events(kube, ns, lambda e: e.get("reason") == "CertificatesRenewed")
+                if "longer than the certificateLifetime of" in e["note"]
+            ],
+            what="the LifetimeChanged Event",
+        )
+        assert notes
+        facts = certificate_facts(values(shorter)["tls.crt"])
+        assert facts.not_after - datetime.now(UTC) <= timedelta(hours=1)
+        time.sleep(0.4)
+        cost = counter.settled()
+        assert cost["tick"] >= 3 and cost["secret_values"] == 0 and cost["agent_certificate_due"] == 0, cost

@@ -132,6 +132,23 @@ class CertificateCheck:
         ]
 
 
+NO_USER_CERTIFICATES = UserCertificates()
+
+
+@dataclass(frozen=True)
+class SettledCheck:
+    """A certificate check that found nothing to do, and what it read: it stands, and is returned again
+    without decoding the Secret, while the agents' Secret is the same object (as last read or written),
+    its other inputs are equal (`inputs`: the rotate request, the cluster's names, spec.tls, the user's
+    certificates as last read and checked, the cluster CA), and `now` is before `until`, the next
+    renewal point of its certificates (from then on, two thirds of a lifetime have passed)."""
+
+    secret: JSON
+    inputs: tuple[object, ...]
+    until: datetime
+    check: CertificateCheck
+
+
 # The user's certificates as status.certificates and the metrics name them.
 USER_CERTIFICATES = {"postgres": names.KEY_POSTGRES_CERT, "clientCA": names.KEY_CLIENT_CA}
 
@@ -154,6 +171,8 @@ class OwnedObjects:
         self._applied: dict[tuple[str, str], str] = {}
         self._secrets: AgentSecrets | None = None
         self._agent_secret: JSON | None = None  # the agents' Secret as last read or written
+        self._decoded: tuple[JSON, dict[str, str]] | None = None  # a Secret and its values, decoded once
+        self._settled: SettledCheck | None = None  # the last check that found nothing to do
         self._issuer: dict[str, str] = {}  # the operator Secret's token, CA and CA key
         self._renew_error: tuple[float, str] | None = None  # (when to try again, why the last failed)
         # The user's certificate Secrets, as last read (when, and for which spec.tls and instances).
@@ -290,21 +309,49 @@ class OwnedObjects:
         due and the user's Secrets, read again every `certificate_secrets_interval`, are unchanged), and
         its data replaced when it differs: the Secret read afresh (another operator may have renewed
         it), then replaced (PUT with its resourceVersion: a concurrent change makes it fail, to be tried
-        again). Then the app Secret's ca.crt follows. Call after `agent_secrets`."""
+        again). Then the app Secret's ca.crt follows. Call after `agent_secrets`.
+
+        A check that found nothing to do is returned again, the Secret neither decoded nor checked, until
+        an input changes or time reaches a renewal point (`SettledCheck`): at every tick of thousands of
+        clusters, that check was a few percent of the operator's CPU."""
         if self._agent_secret is None:
             await self._ensure_secrets(ref, rotate)
         assert self._agent_secret is not None
         name = names.secret_agent(ref.name)
         user = await self._user_certificates(ref, now)
+        inputs = (rotate, ref.name, ref.namespace, ref.spec.tls, user, self._issuer.get(names.KEY_CA_CERT))
+        settled = self._settled
+        if (
+            settled is not None
+            and settled.secret is self._agent_secret
+            and settled.inputs == inputs
+            and now < settled.until
+        ):
+            self._renew_error = None
+            await self._follow_app_ca(ref, may_act)
+            return settled.check
         plan = self._plan(ref, self._agent_secret, rotate, now, user)
         if plan is None:
             self._renew_error = None
             await self._follow_app_ca(ref, may_act)
-            return self._check(name, self._agent_secret, user, ref.spec.tls)
+            check = self._check(
+                name, self._agent_secret, user, ref.spec.tls, data=self._values(self._agent_secret)
+            )
+            self._settled = _settled(self._agent_secret, inputs, now, check)
+            return check
         if self._renew_error is not None and time.monotonic() < self._renew_error[0]:
-            return self._check(name, self._agent_secret, user, ref.spec.tls, error=self._renew_error[1])
+            return self._check(
+                name,
+                self._agent_secret,
+                user,
+                ref.spec.tls,
+                error=self._renew_error[1],
+                data=self._values(self._agent_secret),
+            )
         if not may_act():
-            return self._check(name, self._agent_secret, user, ref.spec.tls)
+            return self._check(
+                name, self._agent_secret, user, ref.spec.tls, data=self._values(self._agent_secret)
+            )
         why = plan.why
         try:
             fresh = await self.api.get("Secret", ref.namespace, name)
@@ -320,12 +367,27 @@ class OwnedObjects:
             message = f"cannot renew the certificates of Secret {name} ({why}): {exc}"
             log.warning("%s/%s: %s", ref.namespace, ref.name, message)
             self._renew_error = (time.monotonic() + RENEW_RETRY, message)
-            return self._check(name, self._agent_secret, user, ref.spec.tls, error=message)
+            return self._check(
+                name,
+                self._agent_secret,
+                user,
+                ref.spec.tls,
+                error=message,
+                data=self._values(self._agent_secret),
+            )
         self._agent_secret, self._renew_error = fresh, None
         await self._follow_app_ca(ref, may_act)
         if plan is None:
-            return self._check(name, fresh, user, ref.spec.tls)
-        return self._check(name, fresh, user, ref.spec.tls, renewed=plan.renewal, updated=plan.updated)
+            return self._check(name, fresh, user, ref.spec.tls, data=self._values(fresh))
+        return self._check(
+            name,
+            fresh,
+            user,
+            ref.spec.tls,
+            renewed=plan.renewal,
+            updated=plan.updated,
+            data=self._values(fresh),
+        )
 
     async def _user_certificates(self, ref: common.ClusterRef, now: datetime) -> UserCertificates:
         """spec.tls's Secrets, read by name (the operator may not list or watch Secrets) and checked;
@@ -334,7 +396,7 @@ class OwnedObjects:
         tls = ref.spec.tls
         key: tuple[object, ...] = (tls.server_cert_secret, tls.client_ca_secret, ref.spec.instances)
         if tls.server_cert_secret is None and tls.client_ca_secret is None:
-            self._user, self._user_read = UserCertificates(), None
+            self._user, self._user_read = NO_USER_CERTIFICATES, None
             return self._user
         interval = self.config.certificate_secrets_interval
         read = self._user_read
@@ -383,7 +445,7 @@ class OwnedObjects:
         issued again when `secrets.agent_certificate_due` says so; PostgreSQL's files are the user's
         certificates that passed their checks, else the operator's, except that a user's certificate
         already installed stays while its Secret fails a check (the members keep serving it)."""
-        current = secrets.secret_values(secret)
+        current = self._values(secret)
         installed_server = self._installed_server(current)
         installed_client = self._installed_client_ca(current)
         client_ca = user.client_ca if isinstance(user.client_ca, usercerts.ClientCA) else None
@@ -429,6 +491,14 @@ class OwnedObjects:
         if data == current:
             return None
         return AgentUpdate(data, renewal, self._describe_update(current, data, user))
+
+    def _values(self, secret: JSON) -> dict[str, str]:
+        """The Secret's values, decoded once per Secret object (the agents' Secret as last read or
+        written is asked for by the plan, the check and the app Secret's CA). Not to be changed."""
+        decoded = self._decoded
+        if decoded is None or decoded[0] is not secret:
+            decoded = self._decoded = (secret, secrets.secret_values(secret))
+        return decoded[1]
 
     @staticmethod
     def _installed_server(data: Mapping[str, str]) -> tuple[str, str, str] | None:
@@ -476,7 +546,7 @@ class OwnedObjects:
         cluster's), its other keys kept: clients that verify keep verifying. A refused write is logged
         and tried again later: their old CA keeps working until the members reload."""
         assert self._agent_secret is not None
-        wanted = secrets.secret_values(self._agent_secret).get(names.KEY_POSTGRES_CA)
+        wanted = self._values(self._agent_secret).get(names.KEY_POSTGRES_CA)
         if not wanted or wanted == self._app_ca or time.monotonic() < self._app_retry or not may_act():
             return
         name = names.secret_app(ref.name)
@@ -500,11 +570,12 @@ class OwnedObjects:
         renewed: secrets.Renewal | None = None,
         updated: str | None = None,
         error: str | None = None,
+        data: Mapping[str, str] | None = None,
     ) -> CertificateCheck:
         """What the agents' Secret `name` holds, as status.certificates and the condition read it (the
-        user's certificates under the Secret names of `tls`)."""
-        user = user or UserCertificates()
-        data = secrets.secret_values(secret)
+        user's certificates under the Secret names of `tls`). `data`: its values, when decoded already."""
+        user = user or NO_USER_CERTIFICATES
+        data = secrets.secret_values(secret) if data is None else data
         expiry, renew_at = {}, {}
         for certificate, key in secrets.CERTIFICATES.items():
             facts = _facts(data.get(key))
@@ -691,6 +762,15 @@ async def delete_volumes(api: KubeApi, cluster: str, pvcs: list[JSON]) -> list[s
         if await api.delete("PersistentVolumeClaim", pvc["metadata"]["namespace"], name):
             deleted.append(name)
     return deleted
+
+
+def _settled(
+    secret: JSON, inputs: tuple[object, ...], now: datetime, check: CertificateCheck
+) -> SettledCheck | None:
+    """`check` kept for its inputs until the next renewal point of its certificates after `now` (the
+    only way time changes what `_plan` finds); None when no renewal point lies ahead."""
+    ahead = [at for at in check.renew_at.values() if at > now]
+    return SettledCheck(secret, inputs, min(ahead), check) if ahead else None
 
 
 def _facts(pem: str | None) -> CertificateFacts | None:
