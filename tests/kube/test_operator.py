@@ -17,10 +17,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from pgherd.kube import names
 from pgherd.kube.builders.common import cluster_owner
+from pgherd.kube.loop import ClusterLoop, OperatorConfig
 
 from .realkube import (
     ApiRefused,
@@ -656,3 +658,42 @@ def test_a_rule_taken_from_the_chart_shows_as_refused_requests(
         for line in refused
     )
     assert ungranted and all("policy/poddisruptionbudgets" in line for line in ungranted), ungranted
+
+
+def test_the_first_ticks_wait_for_each_other_up_to_the_request_pool(
+    kube: Kube, namespace: str, chart_operator: ChartIdentity, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At startup every cluster's first tick (the cluster read afresh, its Secrets and objects made) would
+    run at once and wait for one of the API connections (2,000 clusters: ticks failed waiting for a
+    pooled connection, each holding what it had built); at most `api_pool` of them run at a time, and
+    every cluster still gets its objects and status."""
+    ns = namespace
+    clusters = [f"c{i}" for i in range(6)]
+    for name in clusters:
+        kube.create(cluster_manifest(ns, name, instances=1))
+    starting: list[int] = [0]
+    most: list[int] = [0]
+    tick = ClusterLoop.tick
+
+    async def counted_tick(loop: ClusterLoop) -> None:
+        first = loop.engine is None
+        starting[0] += first
+        most[0] = max(most[0], starting[0])
+        try:
+            await tick(loop)
+        finally:
+            starting[0] -= first
+
+    monkeypatch.setattr(ClusterLoop, "tick", counted_tick)
+    config = OperatorConfig(steady_interval=0.2, busy_interval=0.1, api_pool=2)
+    with running_as(chart_operator, config=config) as operator:
+        for name in clusters:
+            eventually(
+                lambda name=name: ((kube.read("postgresclusters", ns, name) or {}).get("status") or {}).get(
+                    "observedGeneration"
+                ),
+                what=f"{name}'s status",
+            )
+            eventually(lambda name=name: kube.read("statefulsets", ns, name), what=f"{name}'s StatefulSet")
+        assert operator.api is not None and operator.api.pool == 2
+    assert most[0] == 2, most

@@ -302,6 +302,11 @@ class KubeApi:
         self._headers = {"User-Agent": user_agent, "Accept": "application/json"}
         self._session: aiohttp.ClientSession | None = None
 
+    @property
+    def pool(self) -> int:
+        """How many connections its requests share at most."""
+        return self._pool
+
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()

@@ -65,6 +65,10 @@ class Operator:
     wakeups: Wakeups = field(default_factory=Wakeups)
     loops: dict[tuple[str, str], ClusterLoop] = field(default_factory=dict)
     _election_task: asyncio.Task[None] | None = None
+    # The loops' starting ticks (ClusterLoop.starting), at most as many at once as the API connections:
+    # 2,000 of them at once each waited for a pooled connection holding what it had built, and failed
+    # when the wait was longer than the request's timeout.
+    starting: asyncio.Semaphore | None = None
 
     def holding(self) -> bool:
         return self.leader is not None and self.leader.holding()
@@ -144,7 +148,8 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
             # kopf runs startup before its login: kopf must then log in with these same credentials,
             # CA included (a ConnectionInfo without it fails on an in-cluster API server's certificate).
             operator.credentials, operator.login_info = Credentials.discover()
-        operator.api = KubeApi(operator.credentials)
+        operator.api = KubeApi(operator.credentials, pool=operator.config.api_pool)
+        operator.starting = asyncio.Semaphore(operator.api.pool)
         if operator.election is None:
             operator.leader = AlwaysLeader()
         else:
@@ -344,8 +349,13 @@ async def _run_loop(
         while not stopped:
             wakeup.clear()
             try:
-                with metrics.RECONCILE.time():
-                    await loop.tick()
+                if loop.starting and operator.starting is not None:
+                    async with operator.starting:
+                        with metrics.RECONCILE.time():
+                            await loop.tick()
+                else:
+                    with metrics.RECONCILE.time():
+                        await loop.tick()
             except asyncio.CancelledError:
                 raise
             except Exception:

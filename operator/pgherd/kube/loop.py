@@ -61,6 +61,7 @@ BUSY_INTERVAL = 0.3
 # The user's certificate Secrets (spec.tls) are read again, by name, this often (seconds): the operator
 # may not list or watch Secrets, and cert-manager renews weeks ahead of expiry.
 CERTIFICATE_SECRETS_INTERVAL = 10.0
+API_POOL = 32
 JSON = dict[str, Any]
 
 
@@ -79,6 +80,9 @@ class OperatorConfig:
     steady_interval: float = STEADY_INTERVAL
     busy_interval: float = BUSY_INTERVAL
     certificate_secrets_interval: float = CERTIFICATE_SECRETS_INTERVAL
+    # The connections the clusters' requests share (KubeApi's pool), and how many loops' starting ticks
+    # (`ClusterLoop.starting`) run at once.
+    api_pool: int = API_POOL
 
 
 @dataclass
@@ -136,6 +140,13 @@ class ClusterLoop:
     async def close(self) -> None:
         if self.agents is not None:
             await self.agents.close()
+
+    @property
+    def starting(self) -> bool:
+        """Whether the next tick starts from nothing: the cluster read afresh and, for a new cluster, its
+        Secrets (a CA and certificates issued) and objects made, a dozen requests. At startup, or when
+        the leadership is won, every loop has such a tick at once."""
+        return self.engine is None and self.holding()
 
     def interval(self) -> float:
         """Fast while something is in flight and agents answer what it waits for (their /status changes
