@@ -50,10 +50,11 @@ def test_failover_fences_then_promotes_the_member_with_most_wal() -> None:
     fenced = with_members(later(view, 6), replace(view.members[0], fenced=True, stopped=True))
     promote = decide(spec, fenced, decision.status)
     kinds = [type(a) for a in promote.actions]
-    assert kinds == [A.SetSynchronousStandbys, A.Promote, A.Rejoin]
-    assert promote.actions[1].member == "pg-2"  # type: ignore[union-attr]
-    # The other replica follows the member being promoted at once (it holds less WAL: no rewind).
-    early = promote.actions[2]
+    assert kinds == [A.SetSynchronousStandbys, A.Rejoin, A.Promote]
+    assert promote.actions[2].member == "pg-2"  # type: ignore[union-attr]
+    # The other replica follows the member being promoted before the promotion (it holds less WAL: no
+    # rewind), as a cascading standby that follows the timeline switch.
+    early = promote.actions[1]
     assert isinstance(early, A.Rejoin) and (early.member, early.upstream) == ("pg-1", "pg-2")
     sync = promote.actions[0]
     assert isinstance(sync, A.SetSynchronousStandbys)

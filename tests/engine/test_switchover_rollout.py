@@ -17,7 +17,14 @@ def test_requested_switchover_drains_then_promotes_caught_up_target() -> None:
     view = replace(view, switchover_to="pg-1")
     d1 = decide(spec, view, status)
     assert d1.phase is Phase.SWITCHING_OVER
-    assert [type(a) for a in d1.actions] == [A.Fence]
+    # While pg-0 drains, pg-1 gets its sync standbys and pg-2 follows it (a cascading standby): the
+    # promotion is then one call, and its first quorum commit does not wait for pg-2 to reconnect.
+    assert [type(a) for a in d1.actions] == [A.SetSynchronousStandbys, A.Rejoin, A.Fence]
+    sync = d1.actions[0]
+    assert isinstance(sync, A.SetSynchronousStandbys) and sync.member == "pg-1"
+    assert sync.config.standbys == {"pg-0", "pg-2"} and sync.config.k == 1
+    assert d1.actions[1] == A.Rejoin("pg-2", "pg-1", reason="follow pg-1, being promoted")
+    assert d1.actions[2] == A.Fence("pg-0", reason="switchover")
     assert d1.status.operation is not None and d1.status.operation.target == "pg-1"
     # Clean stop: the adapter reports the final WAL end; pg-1 has it all.
     old = replace(
@@ -30,9 +37,15 @@ def test_requested_switchover_drains_then_promotes_caught_up_target() -> None:
         received_lsn=1000,
     )
     d2 = decide(spec, with_members(view, old), d1.status)
-    assert [type(a) for a in d2.actions] == [A.SetSynchronousStandbys, A.Promote, A.Rejoin]
-    assert d2.actions[1].member == "pg-1"  # type: ignore[union-attr]
-    assert d2.actions[2] == A.Rejoin("pg-2", "pg-1", reason="follow pg-1, being promoted")
+    assert [type(a) for a in d2.actions] == [A.SetSynchronousStandbys, A.Rejoin, A.Promote]
+    assert d2.actions[2].member == "pg-1"  # type: ignore[union-attr]
+    assert d2.actions[1] == A.Rejoin("pg-2", "pg-1", reason="follow pg-1, being promoted")
+    # Both seen done while it drained: the promotion alone.
+    prepared = with_members(
+        view, old, replace(view.members[1], sync=sync.config), replace(view.members[2], upstream="pg-1")
+    )
+    d3 = decide(spec, prepared, d1.status)
+    assert d3.actions == (A.Promote("pg-1", reason=d3.actions[0].reason),)  # type: ignore[union-attr]
 
 
 def test_switchover_waits_for_exact_catch_up_and_abandons_without_promoting() -> None:

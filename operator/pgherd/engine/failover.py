@@ -337,20 +337,36 @@ def promote_step(ctx: Context, operation: Operation, phase: Phase) -> Outcome:
         phase,
         status,
         (
-            SetSynchronousStandbys(target.name, config, reason=why),
-            Promote(target.name, reason=why),
+            *(() if target.sync == config else (SetSynchronousStandbys(target.name, config, reason=why),)),
             *early_follow(ctx, operation, target),
+            Promote(target.name, reason=why),
         ),
         message=f"promoting {target.name}",
     )
 
 
+def prepare_promotion(ctx: Context, operation: Operation) -> tuple[Action, ...]:
+    """What promote_step will ask of the other members, asked while a switchover's source drains (its
+    clean shutdown is the longest part of the write outage): the target's sync standbys, which do
+    nothing on a standby, and the other replicas following it as cascading standbys. The promotion
+    then is one agent call. Both are harmless if the switchover is abandoned: the steady state points
+    a replica at the primary again, and every promotion sets the sync standbys anew."""
+    target = ctx.view.member(operation.target) if operation.target else None
+    if target is None or not target.reachable or target.role is not Role.REPLICA:
+        return ()
+    config = steady_config(ctx.status.voters, target.name, ctx.quorum_mode)
+    why = f"{operation.kind} from {operation.source}, ahead of the promotion"
+    sync = () if target.sync == config else (SetSynchronousStandbys(target.name, config, reason=why),)
+    return (*sync, *early_follow(ctx, operation, target))
+
+
 def early_follow(ctx: Context, operation: Operation, target: MemberView) -> tuple[Action, ...]:
-    """The other replicas pointed at the member being promoted, with its promotion rather than once it
-    is seen primary: their reconnection overlaps the promotion (they follow its timeline switch), and in
-    quorum mode its first commit waits for one of them. Only a reachable, unfenced replica that holds no
-    more WAL than the target (one holding more needs the rewind the finish step's Rejoin decides) and
-    does not already follow it; never the source, nor a member kept on the old major."""
+    """The other replicas pointed at the member being promoted, before its promotion rather than once it
+    is seen primary: they stream from it as cascading standbys while it promotes and follow its timeline
+    switch, so that in quorum mode its first commit, which waits for one of them, does not also wait for
+    their reconnection (0.33 s of a 0.85 s switchover on localkube). Only a reachable, unfenced replica
+    that holds no more WAL than the target (one holding more needs the rewind the finish step's Rejoin
+    decides) and does not already follow it; never the source, nor a member kept on the old major."""
     held = target.held_lsn
     if held is None:
         return ()

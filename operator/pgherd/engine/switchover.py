@@ -2,7 +2,8 @@
 
 Steps (``operation.source`` is the primary, ``operation.target`` the member to promote):
 
-``switchover-fence``    Fence the primary: out of the rw endpoint, clean shutdown. PostgreSQL's clean
+``switchover-fence``    Fence the primary: clean shutdown (the target's sync standbys set and the other
+                        replicas re-pointed at it before, see prepare_promotion). PostgreSQL's clean
                         shutdown sends all WAL to the connected standbys; once the platform confirms
                         the member stopped and its shutdown was clean, its final WAL end
                         (``received_lsn`` of the stopped member) is recorded as final_lsn. After an
@@ -26,7 +27,7 @@ from datetime import timedelta
 from pgherd.api.cluster import Phase
 from pgherd.engine.actions import Fence, SetPrimary, Unfence
 from pgherd.engine.context import Context, Outcome, by_most_data
-from pgherd.engine.failover import promote_step
+from pgherd.engine.failover import prepare_promotion, promote_step
 from pgherd.engine.status import Operation
 from pgherd.engine.view import MemberView
 
@@ -91,9 +92,8 @@ def advance(ctx: Context, operation: Operation, phase: Phase = Phase.SWITCHING_O
         if old is not None and old.exists and not (old.fenced and old.stopped):
             if step_age > SWITCHOVER_TIMEOUT:
                 return _abandon(ctx, operation, phase, f"{old.name} did not stop in time")
-            return Progress(
-                Outcome(phase, status, (Fence(old.name, reason="switchover"),), f"draining {old.name}")
-            )
+            actions = (*prepare_promotion(ctx, operation), Fence(old.name, reason="switchover"))
+            return Progress(Outcome(phase, status, actions, f"draining {old.name}"))
         # Only a clean shutdown hands every WAL record to the standbys and tells where WAL ends.
         clean = old is not None and old.exists and old.stopped and old.shutdown_clean is True
         final = old.received_lsn if clean and old is not None else None
