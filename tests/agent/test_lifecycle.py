@@ -9,9 +9,12 @@ import threading
 import time
 from collections.abc import Callable
 
+import psycopg
+import pytest
 from agent_helpers import MEMBERS, SlowProxy, writer
 
-from pgherd_backup.agent.client import AgentError
+from pgherd_backup.agent.client import AgentActionError, AgentError
+from pgherd_backup.agent.instance import ROUTE_SETTLE
 from pgherd_backup.postgres import postmaster
 
 
@@ -79,11 +82,27 @@ def test_sigterm_on_a_primary_reports_terminating_and_waits_for_the_operator(age
     primary.wait_until(lambda: primary.status().terminating, "terminating", timeout=10)
     status = primary.status()
     assert (status.role, status.postmaster) == ("primary", "running")  # still serving until fenced
-    started = time.monotonic()
     fenced = primary.client.fence(reason="switchover before the pod goes")
     assert fenced.shutdown_clean and fenced.final_lsn is not None
+    # It stays while the operator promotes another member: clients of the -rw Service still routed
+    # here are refused at once (a vanished pod's address would keep them waiting for a timeout).
+    time.sleep(1.5)
+    status = primary.status()
+    assert status.terminating and status.fenced and status.postmaster != "running"
+    started = time.monotonic()
+    with pytest.raises(psycopg.OperationalError, match="refused"):
+        psycopg.connect(primary.dsn())
+    assert time.monotonic() - started < 1
+    # Nothing starts PostgreSQL there again: the abandoned switchover's Unfence is refused.
+    with pytest.raises(AgentActionError, match="shutting down"):
+        primary.client.unfence(primary=True, reason="switchover abandoned")
+    # The operator's Rejoin, once the new primary is recorded, says the hand-over is done: it goes,
+    # after ROUTE_SETTLE for kube-proxy to apply the -rw Service's new endpoint.
+    handed_over = time.monotonic()
+    with pytest.raises(AgentActionError, match="shutting down"):
+        primary.client.rejoin("127.0.0.1:1", reason="new primary elsewhere")
     assert primary.wait_exit(timeout=30) == 0
-    assert time.monotonic() - started < 20  # it went as soon as it was fenced, not after the bound
+    assert ROUTE_SETTLE <= time.monotonic() - handed_over < ROUTE_SETTLE + 5
 
 
 def test_a_terminating_primary_waits_only_as_long_as_it_was_told(agents):

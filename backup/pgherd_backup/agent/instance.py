@@ -67,6 +67,11 @@ _CRASH_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 CRASH_RESTART_LIVENESS_BUDGET = 300.0
 # From PostgreSQL's exit to the agent's decision to restart it (the crash is recorded first).
 CRASH_NOTICE = 2.0
+# A primary fenced while terminating stays (PostgreSQL stopped) until the operator's Rejoin says another
+# member is primary, then ROUTE_SETTLE for kube-proxy to apply the -rw endpoint (its minimum sync period
+# is 1 s); at most LINGER after the shutdown, when no Rejoin comes.
+ROUTE_SETTLE = 2.0
+LINGER = 15.0
 
 
 class Busy(BackupError):
@@ -216,6 +221,7 @@ class Instance:
         self.epoch = 0  # bumped by every fence and by the shutdown: orders given before may not start it
         self.terminating = False
         self.shutting_down = False
+        self.handed_over = threading.Event()  # while terminating: the operator's Rejoin arrived
         self.last_error: str | None = None
         self.start_failed = False
         # Set from a crash until the agent's restarts of PostgreSQL end (started, refused or given up).
@@ -627,6 +633,10 @@ class Instance:
     def hold(self, name: str, wait: float = 0.5) -> None:
         """Take the one action slot (Busy when another action keeps it past `wait`); `release()` gives
         it back, also from another thread: a long action answers first and goes on in its own."""
+        if self.shutting_down:
+            if name == "rejoin":  # the operator recorded the new primary: the hand-over is done
+                self.handed_over.set()
+            raise Refused("the agent is shutting down (its pod is being deleted): nothing was done")
         if not self._action_lock.acquire(timeout=wait):
             raise Busy(f"busy: {self.action_name or 'an action'} is in progress; ask again when it is done")
         self.action_name = name
@@ -781,23 +791,29 @@ class Instance:
 
     # -- SIGTERM -------------------------------------------------------------------------------------------
     def terminate(self) -> None:
-        """A primary not fenced waits (bounded) for the operator to switch over; then everything stops."""
+        """A primary not fenced waits (bounded) for the operator to switch over; then everything stops.
+        Fenced by the operator meanwhile, it stays until the operator says the hand-over is done (see
+        linger)."""
         wait = self.options.wait_for_switchover
+        handing_over = False
+        deadline = time.monotonic() + wait
         if self.role() == "primary" and not self.state.fenced and wait > 0:
             self.terminating = True
             log.warning(
                 "SIGTERM on the primary: waiting up to %.0fs for the operator to switch over (fence or demote)",
                 wait,
             )
-            deadline = time.monotonic() + wait
             while time.monotonic() < deadline and not self.state.fenced and self.postmaster.alive:
                 time.sleep(0.1)
+            handing_over = self.state.fenced
         with self._state_lock:
             self.shutting_down = True
             self.epoch += 1
         with self.fence_lock:
             log.info("shutting PostgreSQL down")
             self.stop(checkpoint=True)
+        if handing_over:
+            self._linger(min(deadline, time.monotonic() + LINGER))
         self.terminating = False
         log.info("PostgreSQL is stopped (%s)", self.postmaster.state.value)
         action = self.action_name
@@ -808,6 +824,17 @@ class Instance:
             log.warning("stopped %d program(s) of the action in progress (%s)", len(stopped), action)
             if self._action_lock.acquire(timeout=15):
                 self._action_lock.release()
+
+    def _linger(self, until: float) -> None:
+        """The -rw Service routes to this pod until the operator has promoted another member and
+        kube-proxy has applied the new endpoint. Until then its clients must be refused at once, as a
+        live pod with a stopped PostgreSQL refuses them; the address of a pod gone would leave their
+        connections waiting for a timeout (seconds of write outage on localkube, 2026-12-05). The
+        operator's Rejoin, sent once it records the new primary, ends it (after ROUTE_SETTLE); else
+        `until`. Every action is refused meanwhile (see hold)."""
+        log.info("fenced while terminating: staying until the operator has handed the primary over")
+        if self.handed_over.wait(max(0.0, until - time.monotonic())):
+            time.sleep(max(0.0, min(ROUTE_SETTLE, until - time.monotonic())))
 
     # -- the probes' view ------------------------------------------------------------------------------
     def healthy(self) -> tuple[bool, str]:
