@@ -146,6 +146,7 @@ class PgherdSystem:
         self.driver: LocalDriver | LocalKubeDriver = (
             LocalDriver(self.workdir) if driver == "local" else LocalKubeDriver(self.workdir, "bench")
         )
+        self._rw_dsn: str | None = None
         self.manifest = manifests.cluster(
             "bench",
             postgres_version=self.driver.postgres_version,
@@ -159,6 +160,11 @@ class PgherdSystem:
         self.wait_healthy()
 
     def rw_dsn(self) -> str:
+        if isinstance(self.driver, LocalKubeDriver):
+            # A Service's ClusterIP never changes: read once, as an application resolves its name once,
+            # and not a kubectl call (0.25 s) at each reconnect of the write loop inside the outage.
+            self._rw_dsn = self._rw_dsn or self.driver.rw_dsn()
+            return self._rw_dsn
         return self.driver.rw_dsn()
 
     def primary(self) -> str | None:
@@ -233,12 +239,15 @@ class PatroniKubeSystem:
             synchronous=mode == "quorum",
             workdir=self.workdir,
         )
+        self._rw_dsn: str | None = None
 
     def start(self) -> None:
         self.cluster.start()
 
     def rw_dsn(self) -> str:
-        return self.cluster.rw_dsn()
+        # Read once, as pgherd-localkube's (PgherdSystem.rw_dsn): the Service's ClusterIP never changes.
+        self._rw_dsn = self._rw_dsn or self.cluster.rw_dsn()
+        return self._rw_dsn
 
     def primary(self) -> str | None:
         return self.cluster.leader()

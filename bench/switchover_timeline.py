@@ -3,7 +3,11 @@ the request, the operator's steps (its log), the role labels and the `-rw` Endpo
 deliver them, kube-proxy's rule syncs (its metric kubeproxy_sync_proxy_rules_last_timestamp_seconds)
 and the writes (the last acknowledged before, each window of failed writes).
 
-    PGHERD_E2E_LOCALKUBE_DIR=/tmp/lk .venv/bin/python bench/switchover_timeline.py [--switchovers 3]
+    PGHERD_E2E_LOCALKUBE_DIR=/tmp/lk .venv/bin/python bench/switchover_timeline.py [--switchovers 3] [--delete]
+
+With --delete, each switchover is caused by a graceful deletion of the primary's pod instead of the
+annotation; with --backoff, by a SIGKILL of the primary's container, killed again whenever the kubelet
+restarts it until another member is primary (a failover, as bench/failover_bench.py's `backoff`).
 
 It needs a localkube brought up with the operator (python -m e2e.localkube up --dir DIR). Every time is
 this machine's clock, relative to the request. Run by hand: it asserts nothing.
@@ -117,6 +121,12 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--switchovers", type=int, default=3)
+    parser.add_argument(
+        "--delete", action="store_true", help="delete the primary's pod instead of asking for a switchover"
+    )
+    parser.add_argument(
+        "--backoff", action="store_true", help="kill the primary's container and keep it down instead"
+    )
     args = parser.parse_args()
     lk_dir = Path(os.environ["PGHERD_E2E_LOCALKUBE_DIR"])
     ports = json.loads((lk_dir / "state.json").read_text())["settings"]["ports"]
@@ -126,18 +136,26 @@ def main() -> None:
     )
     try:
         driver.wait_for(healthy(3), 300, "a healthy cluster")
-        load = WriteLoad(driver.rw_dsn, pause=0.002).start()
+        # The Service's ClusterIP, read once (as an application resolves its name once), not a kubectl
+        # call at each reconnect.
+        load = WriteLoad(driver.rw_dsn(), pause=0.002).start()
         load.wait_for_acks(200)
         for run in range(1, args.switchovers + 1):
             driver.wait_for(healthy(3), 120, "a healthy cluster")
             time.sleep(2)
-            _one(driver, load, ports["proxy_metrics"], run)
+            _one(
+                driver,
+                load,
+                ports["proxy_metrics"],
+                run,
+                how="delete" if args.delete else "backoff" if args.backoff else "switchover",
+            )
         load.stop()
     finally:
         driver.down()
 
 
-def _one(driver: LocalKubeDriver, load: WriteLoad, proxy_port: int, run: int) -> None:
+def _one(driver: LocalKubeDriver, load: WriteLoad, proxy_port: int, run: int, *, how: str) -> None:
     timeline = Timeline()
     stop = threading.Event()
     kubectl = [*driver.kube.kubectl, "-n", driver.namespace, "get", "-w", "-o", "json"]
@@ -162,10 +180,19 @@ def _one(driver: LocalKubeDriver, load: WriteLoad, proxy_port: int, run: int) ->
     old = driver.status().get("primary")
     requested = time.time()
     mono_requested = time.monotonic()
-    timeline.add(requested, f"switchover requested (annotation), primary {old}")
-    driver.switchover()
+    if how == "delete":
+        timeline.add(requested, f"the primary's pod {old} deleted (graceful)")
+        driver.kube.run("-n", driver.namespace, "delete", "pod", str(old), "--wait=false")
+    elif how == "backoff":
+        timeline.add(requested, f"the primary's container {old} killed (and again at each restart)")
+        driver.kill_if_running(str(old))
+    else:
+        timeline.add(requested, f"switchover requested (annotation), primary {old}")
+        driver.switchover()
     deadline = time.monotonic() + 60
     while driver.status().get("primary") in (None, old) and time.monotonic() < deadline:
+        if how == "backoff" and driver.kill_if_running(str(old)):
+            timeline.add(time.time(), f"{old}'s container killed again")
         time.sleep(0.1)
     load.wait_for_acks(100)
     time.sleep(1)
