@@ -697,3 +697,27 @@ def test_the_first_ticks_wait_for_each_other_up_to_the_request_pool(
             eventually(lambda name=name: kube.read("statefulsets", ns, name), what=f"{name}'s StatefulSet")
         assert operator.api is not None and operator.api.pool == 2
     assert most[0] == 2, most
+
+
+def test_a_loop_keeps_no_write_history(kube: Kube, namespace: str, chart_operator: ChartIdentity) -> None:
+    """What stays in memory for each of thousands of clusters leaves out metadata.managedFields: the
+    cluster's body kopf keeps for its loop (half of it: every status patch's fields), and the agents'
+    Secret the certificate check keeps; its decoded values are dropped once the check settles."""
+    ns = namespace
+    kube.create(cluster_manifest(ns, instances=1))
+    with running_as(chart_operator) as operator:
+        cluster = eventually(
+            lambda: (
+                (c := kube.read("postgresclusters", ns, "hippo"))
+                and (c.get("status") or {}).get("certificates")
+                and c
+            ),
+            what="status.certificates",
+        )
+        assert cluster["metadata"].get("managedFields")  # the API server keeps it
+        loop = operator.loops[(ns, "hippo")]
+        eventually(lambda: "managedFields" not in loop.body()["metadata"], what="the body without them")
+        assert loop.body()["spec"]["instances"] == 1
+        secret = loop.owned._agent_secret
+        assert secret is not None and secret["data"] and "managedFields" not in secret["metadata"]
+        assert loop.owned._decoded is None

@@ -252,6 +252,11 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
         # restore record), nor kopf's last-handled-configuration annotation, written after every spec
         # change.
         meta = kwargs["body"].get("metadata") or {}
+        # kopf keeps each cluster's latest body for its daemon, and this handler's body is that very
+        # dict: its managedFields (the write history, the status patches' field by field: half of the
+        # object, and nothing here reads it) are dropped, for each of thousands of clusters.
+        if isinstance(meta, dict):
+            meta.pop("managedFields", None)
         annotations = meta.get("annotations") or {}
         requests = (
             annotations.get(names.ANNOTATION_SWITCHOVER),

@@ -512,5 +512,4 @@ def certificates_valid(check: CertificateCheck, now: datetime) -> Condition:
     expired = [name for name, at in check.expiry.items() if at <= now]
     if expired:
         return false(kind, "Expired", f"expired: {', '.join(expired)}")
-    until, renew = min(check.expiry.values()), min(check.renew_at.values())
-    return true(kind, "Valid", f"valid until {format_time(until)}; renewed at {format_time(renew)}")
+    return true(kind, "Valid", check.validity())

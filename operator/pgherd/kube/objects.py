@@ -108,6 +108,9 @@ class CertificateCheck:
     sources: dict[str, str] = field(default_factory=dict)  # a certificate of the user's -> its Secret
     problems: tuple[usercerts.Problem, ...] = ()
     updated: str | None = None
+    # status.certificates, made once: a settled check is the same object at every tick (SettledCheck).
+    _records: list[dict[str, str | None]] | None = field(default=None, init=False, repr=False, compare=False)
+    _validity: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def names(self) -> list[str]:
@@ -115,6 +118,23 @@ class CertificateCheck:
         return list(secrets.CERTIFICATES)
 
     def records(self) -> list[dict[str, str | None]]:
+        """status.certificates (not to be changed: the same list is returned again)."""
+        if self._records is None:
+            object.__setattr__(self, "_records", self._make_records())
+        assert self._records is not None
+        return self._records
+
+    def validity(self) -> str:
+        """The first expiry and the first renewal, as the condition CertificatesValid says them (made
+        once). Only for a check with its certificates' facts."""
+        if self._validity is None:
+            until, renew = min(self.expiry.values()), min(self.renew_at.values())
+            text = f"valid until {secrets.format_time(until)}; renewed at {secrets.format_time(renew)}"
+            object.__setattr__(self, "_validity", text)
+        assert self._validity is not None
+        return self._validity
+
+    def _make_records(self) -> list[dict[str, str | None]]:
         issued: list[dict[str, str | None]] = [
             {
                 "name": name,
@@ -147,6 +167,7 @@ class SettledCheck:
     inputs: tuple[object, ...]
     until: datetime
     check: CertificateCheck
+    postgres_ca: str | None  # the CA PostgreSQL's certificate chains to, which the app Secret follows
 
 
 # The user's certificates as status.certificates and the metrics name them.
@@ -253,16 +274,18 @@ class OwnedObjects:
                 422, "Invalid", f"Secret {names.secret_operator(ref.name)} lacks token, ca.crt or ca.key"
             )
         self._issuer = {names.KEY_TOKEN: token, names.KEY_CA_CERT: ca_cert, names.KEY_CA_KEY: ca_key}
-        self._agent_secret = await self._create_once(
-            ref.namespace,
-            names.secret_agent(ref.name),
-            lambda: secrets.agent_secret(
-                ref,
-                secrets.generate_agent_data(
-                    ref.name, ref.namespace, self._issuer, lifetime=ref.spec.tls.lifetime
+        self._agent_secret = _kept(
+            await self._create_once(
+                ref.namespace,
+                names.secret_agent(ref.name),
+                lambda: secrets.agent_secret(
+                    ref,
+                    secrets.generate_agent_data(
+                        ref.name, ref.namespace, self._issuer, lifetime=ref.spec.tls.lifetime
+                    ),
+                    rotated_for=rotate,
                 ),
-                rotated_for=rotate,
-            ),
+            )
         )
         await self._create_once(
             ref.namespace,
@@ -328,16 +351,17 @@ class OwnedObjects:
             and now < settled.until
         ):
             self._renew_error = None
-            await self._follow_app_ca(ref, may_act)
+            await self._follow_app_ca(ref, may_act, settled.postgres_ca)
             return settled.check
         plan = self._plan(ref, self._agent_secret, rotate, now, user)
         if plan is None:
             self._renew_error = None
-            await self._follow_app_ca(ref, may_act)
-            check = self._check(
-                name, self._agent_secret, user, ref.spec.tls, data=self._values(self._agent_secret)
-            )
-            self._settled = _settled(self._agent_secret, inputs, now, check)
+            data = self._values(self._agent_secret)
+            await self._follow_app_ca(ref, may_act, data.get(names.KEY_POSTGRES_CA))
+            check = self._check(name, self._agent_secret, user, ref.spec.tls, data=data)
+            self._settled = _settled(self._agent_secret, inputs, now, check, data.get(names.KEY_POSTGRES_CA))
+            if self._settled is not None:
+                self._decoded = None  # not needed until an input changes: memory for each cluster
             return check
         if self._renew_error is not None and time.monotonic() < self._renew_error[0]:
             return self._check(
@@ -375,8 +399,9 @@ class OwnedObjects:
                 error=message,
                 data=self._values(self._agent_secret),
             )
+        fresh = _kept(fresh)
         self._agent_secret, self._renew_error = fresh, None
-        await self._follow_app_ca(ref, may_act)
+        await self._follow_app_ca(ref, may_act, self._values(fresh).get(names.KEY_POSTGRES_CA))
         if plan is None:
             return self._check(name, fresh, user, ref.spec.tls, data=self._values(fresh))
         return self._check(
@@ -541,12 +566,12 @@ class OwnedObjects:
             return None
         return "; ".join(said) + ": the members reload it without a restart"
 
-    async def _follow_app_ca(self, ref: common.ClusterRef, may_act: Callable[[], bool]) -> None:
+    async def _follow_app_ca(
+        self, ref: common.ClusterRef, may_act: Callable[[], bool], wanted: str | None
+    ) -> None:
         """The app Secret's ca.crt made the CA PostgreSQL's certificate chains to (the user's, or the
         cluster's), its other keys kept: clients that verify keep verifying. A refused write is logged
         and tried again later: their old CA keeps working until the members reload."""
-        assert self._agent_secret is not None
-        wanted = self._values(self._agent_secret).get(names.KEY_POSTGRES_CA)
         if not wanted or wanted == self._app_ca or time.monotonic() < self._app_retry or not may_act():
             return
         name = names.secret_app(ref.name)
@@ -765,12 +790,21 @@ async def delete_volumes(api: KubeApi, cluster: str, pvcs: list[JSON]) -> list[s
 
 
 def _settled(
-    secret: JSON, inputs: tuple[object, ...], now: datetime, check: CertificateCheck
+    secret: JSON, inputs: tuple[object, ...], now: datetime, check: CertificateCheck, postgres_ca: str | None
 ) -> SettledCheck | None:
     """`check` kept for its inputs until the next renewal point of its certificates after `now` (the
     only way time changes what `_plan` finds); None when no renewal point lies ahead."""
     ahead = [at for at in check.renew_at.values() if at > now]
-    return SettledCheck(secret, inputs, min(ahead), check) if ahead else None
+    return SettledCheck(secret, inputs, min(ahead), check, postgres_ca) if ahead else None
+
+
+def _kept(secret: JSON) -> JSON:
+    """A Secret as the loop keeps it between ticks: without metadata.managedFields (its write history,
+    which nothing here reads: a few KB for each cluster)."""
+    meta = secret.get("metadata") or {}
+    if "managedFields" not in meta:
+        return secret
+    return {**secret, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
 
 
 def _facts(pem: str | None) -> CertificateFacts | None:
