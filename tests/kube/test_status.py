@@ -24,6 +24,13 @@ def test_any_other_difference_is_a_change() -> None:
     assert not unchanged({**base, "members": [{"name": "a", "ready": True}]}, base)
     assert not unchanged({**base, "conditions": [{**CONDITION, "status": "False"}]}, base)
     assert not unchanged({**base, "conditions": []}, base)
+    assert not unchanged({**base, "conditions": [CONDITION, CONDITION]}, base)
+    without_message = {k: v for k, v in CONDITION.items() if k != "message"}
+    assert not unchanged({**base, "conditions": [without_message]}, base)  # a key gone
+    assert not unchanged(base, {**base, "conditions": [without_message]})  # a key added
+    stamped = {**without_message, "lastTransitionTime": "2026-01-01T00:00:00Z"}
+    assert unchanged({**base, "conditions": [without_message]}, {**base, "conditions": [stamped]})
+    assert not unchanged({**base, "conditions": [{**CONDITION, "reason": None}]}, base)
     assert not unchanged({**base, "lastSuccessfulBackup": "b1"}, base)  # a key the last write lacked
     # keys the document does not name stay as they were: a merge patch leaves them alone
     assert unchanged({"phase": "Running"}, base)

@@ -144,16 +144,27 @@ def last_successful_backup(view: ClusterView) -> str | None:
 
 def unchanged(document: Mapping[str, Any], previous: Mapping[str, Any]) -> bool:
     """True when writing ``document`` would change nothing but condition timestamps."""
-
-    def stamped(conditions: Any) -> list[JSON]:
-        return [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in conditions or []]
-
     for key, value in document.items():
         if key == "conditions":
-            if stamped(value) != stamped(previous.get(key)):
+            if not _same_conditions(value or [], previous.get(key) or []):
                 return False
         elif previous.get(key) != value:
             return False
+    return True
+
+
+def _same_conditions(new: Sequence[Mapping[str, Any]], old: Sequence[Mapping[str, Any]]) -> bool:
+    """The same conditions in the same order, lastTransitionTime aside (compared in place: at every
+    tick of every cluster, copies of both lists without it cost more than the comparison)."""
+    if len(new) != len(old):
+        return False
+    for mine, theirs in zip(new, old, strict=True):
+        for key, value in mine.items():
+            if key != "lastTransitionTime" and (key not in theirs or theirs[key] != value):
+                return False
+        for key in theirs:
+            if key != "lastTransitionTime" and key not in mine:
+                return False
     return True
 
 
