@@ -209,16 +209,6 @@ def _votes(ctx: Context, old: str | None) -> dict[str, datetime]:
     return out
 
 
-def lost_since(ctx: Context, votes_since: dict[str, datetime], needed: int) -> datetime:
-    """When the primary was lost, as far as the evidence goes: now (the operator's first observation of
-    it), or earlier when ``needed`` replicas date their loss before (their WAL receivers' last word
-    from it). Detection then counts from the failure, not from the operator's next poll, which comes
-    up to a poll interval later (1.1 s of a 5.0 s failover on localkube, 2026-12-05); the votes
-    themselves still need detectionSeconds and two observations each."""
-    dates = sorted(votes_since.values())
-    return dates[needed - 1] if needed > 0 and len(dates) >= needed else ctx.now
-
-
 def counted_votes(ctx: Context, votes_since: dict[str, datetime]) -> list[str]:
     """The votes that confirm the failure: lost for detectionSeconds, and reported at this observation
     and at the one before (a vote dated back to the primary's last word still needs two samples)."""
@@ -229,11 +219,11 @@ def counted_votes(ctx: Context, votes_since: dict[str, datetime]) -> list[str]:
 def _assess(ctx: Context) -> Outcome:
     status = ctx.status
     old = status.current_primary
+    since = status.primary_lost_since or ctx.now
     votes_since = _votes(ctx, old)
-    needed = promotion_quorum(ctx, old)
-    since = min(status.primary_lost_since or ctx.now, lost_since(ctx, votes_since, needed))
     status = replace(status, primary_lost_since=since, votes_since=votes_since)
     reachable = reachable_replicas(ctx, old)
+    needed = promotion_quorum(ctx, old)
     if len(ctx.reachable_voters()) < needed:
         return recovery.on_quorum_loss(replace(ctx, status=status), f"primary {old} is not available")
     status = replace(status, quorum_lost_since=None)
