@@ -537,3 +537,33 @@ def test_a_create_is_sent_again_when_no_connection_was_made(unused_tcp_port: int
             await runner.cleanup()
 
     asyncio.run(scenario())
+
+
+def test_a_write_whose_answer_is_not_wanted_returns_nothing_and_is_still_refused_as_before(
+    kube: Kube, chart_operator: ChartIdentity
+) -> None:
+    """`answer=False` (the loop's status patch, the owned objects' patches): the write is made and its
+    answer, the whole object, is not parsed; a refusal is the same ApiError as with the answer."""
+    identity = chart_operator
+    kube.create(cluster_manifest(identity.watched))
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any], ApiError]:
+        api = KubeApi(identity.credentials())
+        try:
+            patch = {"status": {"message": "written without an answer"}}
+            quiet = await api.patch("PostgresCluster", identity.watched, "db", patch, "status", answer=False)
+            loud = await api.patch("PostgresCluster", identity.watched, "db", patch, "status")
+            try:
+                await api.patch("PostgresCluster", identity.watched, "nowhere", patch, "status", answer=False)
+            except ApiError as exc:
+                return quiet, loud, exc
+            raise AssertionError("a patch of no object passed")
+        finally:
+            await api.close()
+
+    quiet, loud, refused = asyncio.run(scenario())
+    assert quiet == {}
+    assert loud["metadata"]["name"] == "db" and loud["status"]["message"] == "written without an answer"
+    stored = kube.read("postgresclusters", identity.watched, "db")
+    assert stored is not None and stored["status"]["message"] == "written without an answer"
+    assert refused.not_found and refused.reason == "NotFound", refused

@@ -328,7 +328,11 @@ class KubeApi:
         body: Any = None,
         params: Mapping[str, str] | None = None,
         content_type: str = "application/json",
+        answer: bool = True,
     ) -> JSON:
+        """The answer's document; with ``answer=False``, {} without parsing it (the object a write
+        returns, managedFields and all, when the caller has no use for it). A refusal is an ApiError
+        either way."""
         data = None if body is None else json.dumps(body)
         headers = {"Content-Type": content_type} if body is not None else {}
         policy = self.retry
@@ -354,7 +358,7 @@ class KubeApi:
             before_sleep=retrying,
             reraise=True,
         )
-        return await attempts(self._authenticated, method, url_path, data, params, headers)
+        return await attempts(self._authenticated, method, url_path, data, params, headers, answer)
 
     async def _authenticated(
         self,
@@ -363,12 +367,13 @@ class KubeApi:
         data: str | None,
         params: Mapping[str, str] | None,
         headers: dict[str, str],
+        answer: bool = True,
     ) -> JSON:
         """Sent with the current token; after a 401, once more if the token file holds another one by
         now (a 401 is refused before anything is done: any verb may be sent again)."""
         token = self.credentials.bearer()
         try:
-            return await self._send(method, url_path, data, params, headers, token)
+            return await self._send(method, url_path, data, params, headers, token, answer)
         except ApiError as exc:
             token_file = self.credentials.token_file
             if exc.status != 401 or token_file is None:
@@ -382,7 +387,7 @@ class KubeApi:
                 url_path,
                 token_file.path,
             )
-            return await self._send(method, url_path, data, params, headers, fresh)
+            return await self._send(method, url_path, data, params, headers, fresh, answer)
 
     async def _send(
         self,
@@ -392,6 +397,7 @@ class KubeApi:
         params: Mapping[str, str] | None,
         headers: dict[str, str],
         token: str | None,
+        answer: bool = True,
     ) -> JSON:
         if token:
             headers = {**headers, "Authorization": f"Bearer {token}"}
@@ -399,12 +405,13 @@ class KubeApi:
             async with self._client().request(
                 method, self.credentials.server + url_path, data=data, params=params, headers=headers
             ) as response:
-                text = await response.text()
+                raw = await response.read()
         except (aiohttp.ClientError, TimeoutError):
             metrics.API_REQUESTS.labels(method, "0").inc()
             raise
         metrics.API_REQUESTS.labels(method, str(response.status)).inc()
         if response.status >= 400:
+            text = raw.decode(errors="replace")
             reason, message = "", text[:500]
             try:
                 doc = json.loads(text)
@@ -417,7 +424,9 @@ class KubeApi:
                 message,
                 retry_after=_seconds(response.headers.get("Retry-After")),
             )
-        return json.loads(text) if text else {}
+        if not answer or not raw:
+            return {}
+        return json.loads(raw)  # type: ignore[no-any-return]
 
     async def get(self, kind: str, namespace: str | None, name: str, subresource: str | None = None) -> JSON:
         return await self.request("GET", path(kind, namespace, name, subresource))
@@ -441,10 +450,22 @@ class KubeApi:
         return await self.request("POST", path(kind, namespace), body=body)
 
     async def patch(
-        self, kind: str, namespace: str | None, name: str, body: JSON, subresource: str | None = None
+        self,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        body: JSON,
+        subresource: str | None = None,
+        *,
+        answer: bool = True,
     ) -> JSON:
+        """A merge patch; ``answer=False``: the patched object is not parsed, {} is returned."""
         return await self.request(
-            "PATCH", path(kind, namespace, name, subresource), body=body, content_type=MERGE_PATCH
+            "PATCH",
+            path(kind, namespace, name, subresource),
+            body=body,
+            content_type=MERGE_PATCH,
+            answer=answer,
         )
 
     async def replace(self, kind: str, namespace: str | None, name: str, body: JSON) -> JSON:

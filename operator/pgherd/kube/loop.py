@@ -241,6 +241,7 @@ class ClusterLoop:
                 self.name,
                 {"status": merge_patch(document, self.status_doc)},
                 subresource="status",
+                answer=False,  # the cluster as written: parsing it cost more than the write
             )
             self.status_doc = {**(self.status_doc or {}), **document}
         self.engine = decision.status

@@ -673,7 +673,7 @@ class OwnedObjects:
         # otherwise created, and patched only when it exists already.
         if known is not None and known != "deleted":
             try:
-                await self.api.patch(kind, meta["namespace"], meta["name"], patch)
+                await self.api.patch(kind, meta["namespace"], meta["name"], patch, answer=False)
                 self._applied[key] = digest
                 return
             except ApiError as exc:
@@ -714,7 +714,7 @@ class OwnedObjects:
         self.blocked = statefulset.immutable_fields_changed(existing, desired)
         patch = statefulset.patchable(desired)
         patch.get("spec", {}).pop("replicas", None)
-        await self.api.patch("StatefulSet", ref.namespace, names.statefulset(ref.name), patch)
+        await self.api.patch("StatefulSet", ref.namespace, names.statefulset(ref.name), patch, answer=False)
         self._applied[key] = digest
 
     def snapshot_job(
