@@ -385,9 +385,10 @@ def test_the_certificate_check_runs_only_when_its_inputs_change(
     ns = namespace
     lifetime = timedelta(hours=3)
     _, ref = created(kube, ns, tls={"certificateLifetime": "3h"})
-    # Issued so that two thirds of its life have passed RENEW_IN seconds from now (renew_at is a fixed
-    # offset from the `now` it is issued at: measured on a probe).
-    renew_in = timedelta(seconds=10)
+    # Issued so that two thirds of its life have passed `renew_in` from now, time for the operator to
+    # start and settle on a loaded machine (renew_at is a fixed offset from the `now` it is issued at:
+    # measured on a probe).
+    renew_in = timedelta(seconds=15)
     probe_issuer = secrets.generate_operator_data("probe")
     start = datetime.now(UTC)
     probe = secrets.generate_agent_data("hippo", ns, probe_issuer, lifetime=lifetime, now=start)
