@@ -37,7 +37,7 @@ from pgherd.engine.actions import (
     Unfence,
 )
 from pgherd.engine.context import Context, Outcome, by_most_data, cannot_write
-from pgherd.engine.quorum import failover_keeps_commits, majority, steady_config
+from pgherd.engine.quorum import SyncConfig, failover_keeps_commits, majority, steady_config
 from pgherd.engine.status import Operation, OperationKind
 from pgherd.engine.view import MemberView, Role
 
@@ -337,7 +337,7 @@ def promote_step(ctx: Context, operation: Operation, phase: Phase) -> Outcome:
         phase,
         status,
         (
-            *(() if target.sync == config else (SetSynchronousStandbys(target.name, config, reason=why),)),
+            *_sync_standbys(target, config, why),
             *early_follow(ctx, operation, target),
             Promote(target.name, reason=why),
         ),
@@ -356,8 +356,12 @@ def prepare_promotion(ctx: Context, operation: Operation) -> tuple[Action, ...]:
         return ()
     config = steady_config(ctx.status.voters, target.name, ctx.quorum_mode)
     why = f"{operation.kind} from {operation.source}, ahead of the promotion"
-    sync = () if target.sync == config else (SetSynchronousStandbys(target.name, config, reason=why),)
-    return (*sync, *early_follow(ctx, operation, target))
+    return (*_sync_standbys(target, config, why), *early_follow(ctx, operation, target))
+
+
+def _sync_standbys(target: MemberView, config: SyncConfig, why: str) -> tuple[Action, ...]:
+    """The target's synchronous standbys set to ``config``, unless observed in force already."""
+    return () if target.sync == config else (SetSynchronousStandbys(target.name, config, reason=why),)
 
 
 def early_follow(ctx: Context, operation: Operation, target: MemberView) -> tuple[Action, ...]:
