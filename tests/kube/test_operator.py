@@ -48,6 +48,14 @@ def cluster_manifest(ns: str, name: str = "hippo", instances: int = 3, **spec: A
     return dict(doc)
 
 
+def cluster_with_status(kube: Kube, ns: str, key: str, what: str) -> JSON:
+    """The cluster hippo once its status has ``key`` set."""
+    return eventually(
+        lambda: (c := kube.read("postgresclusters", ns, "hippo")) and (c.get("status") or {}).get(key) and c,
+        what=what,
+    )
+
+
 def owned_by(obj: JSON, uid: str) -> bool:
     return any(
         o.get("uid") == uid and o.get("controller") for o in obj["metadata"].get("ownerReferences") or []
@@ -89,14 +97,7 @@ def test_a_cluster_gets_its_objects_and_status(
     ns = namespace
     uid = kube.create(cluster_manifest(ns))["metadata"]["uid"]
     with running_as(chart_operator):
-        cluster = eventually(
-            lambda: (
-                (c := kube.read("postgresclusters", ns, "hippo"))
-                and (c.get("status") or {}).get("phase")
-                and c
-            ),
-            what="a status",
-        )
+        cluster = cluster_with_status(kube, ns, "phase", "a status")
         for kind, wanted in EXPECTED.items():
             for name in wanted:
                 obj = eventually(partial(kube.read, kind, ns, name), what=f"{kind}/{name}")
@@ -706,14 +707,7 @@ def test_a_loop_keeps_no_write_history(kube: Kube, namespace: str, chart_operato
     ns = namespace
     kube.create(cluster_manifest(ns, instances=1))
     with running_as(chart_operator) as operator:
-        cluster = eventually(
-            lambda: (
-                (c := kube.read("postgresclusters", ns, "hippo"))
-                and (c.get("status") or {}).get("certificates")
-                and c
-            ),
-            what="status.certificates",
-        )
+        cluster = cluster_with_status(kube, ns, "certificates", "status.certificates")
         assert cluster["metadata"].get("managedFields")  # the API server keeps it
         loop = operator.loops[(ns, "hippo")]
         eventually(lambda: "managedFields" not in loop.body()["metadata"], what="the body without them")

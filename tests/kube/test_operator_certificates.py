@@ -28,7 +28,7 @@ from pgherd_backup.agent.auth import token_digest
 from pgherd_backup.agent.tls import certificate_facts, make_server_cert
 
 from .realkube import AuditLog, ChartIdentity, Kube, running_as
-from .test_operator import cluster_manifest, events
+from .test_operator import cluster_manifest, cluster_with_status, events
 from .waiting import eventually
 
 JSON = dict[str, Any]
@@ -89,14 +89,7 @@ def test_the_agents_secret_carries_the_replication_certificate_and_every_name(
     ns = namespace
     kube.create(cluster_manifest(ns, instances=1))
     with running_as(chart_operator):
-        cluster = eventually(
-            lambda: (
-                (c := kube.read("postgresclusters", ns, "hippo"))
-                and (c.get("status") or {}).get("certificates")
-                and c
-            ),
-            what="status.certificates",
-        )
+        cluster = cluster_with_status(kube, ns, "certificates", "status.certificates")
         agent = values(eventually(lambda: kube.read("secrets", ns, "hippo-agent"), what="the agents' Secret"))
         app = values(eventually(lambda: kube.read("secrets", ns, "hippo-app"), what="the app Secret"))
         figures = metrics.CLUSTERS.figures(ns, "hippo").certificates
