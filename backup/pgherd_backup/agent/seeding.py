@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from pgherd_backup.agent.instance import Instance, Refused, StartRole
 from pgherd_backup.errors import UsageError
@@ -118,7 +119,31 @@ def _initdb(inst: Instance) -> None:
     )
 
 
+# Each step is idempotent, so a failed attempt is simply made again: a concurrent catalog update (the
+# agent's probe granting the same rewind functions: "tuple concurrently updated", or creating the same
+# role) or a dropped connection must not leave a new cluster without its application's role.
+ROLES_RETRY_SECONDS = 60.0
+
+
 def _create_roles(inst: Instance) -> None:
+    for attempt in Retrying(
+        retry=retry_if_exception_type(psycopg.Error),
+        stop=stop_after_delay(ROLES_RETRY_SECONDS),
+        wait=wait_exponential(multiplier=0.1, max=2),
+        before_sleep=_roles_retried,
+        reraise=True,
+    ):
+        with attempt:
+            _create_roles_once(inst)
+
+
+def _roles_retried(state: RetryCallState) -> None:
+    error = state.outcome.exception() if state.outcome else None
+    reason = next(iter(str(error).strip().splitlines()), type(error).__name__)
+    log.warning("creating the cluster's roles failed (%s): trying again", reason)
+
+
+def _create_roles_once(inst: Instance) -> None:
     """The replication account (when it is not the superuser), the agent's monitor, and the application's
     owner and database."""
     options, credentials = inst.options, inst.credentials
