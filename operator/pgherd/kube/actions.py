@@ -270,7 +270,7 @@ class KubeMembers:
 
     def busy(self, member: str) -> bool:
         ip = _ip(self.ctx, member)
-        return ip is None or self.ctx.agents.busy(member, ip)
+        return ip is not None and self.ctx.agents.busy(member, ip)
 
     def upstream_address(self, member: str) -> str | None:
         return self.ctx.member_address(member)
