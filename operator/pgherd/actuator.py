@@ -7,11 +7,12 @@ Async, because the Kubernetes operator is: its effects are API calls on kopf's e
 actuator that blocked would hold every cluster's reconciliation. The agent client is synchronous
 (http.client); a platform runs its calls off its loop (Kubernetes in threads) or in place (the
 sandbox, whose tick is a thread of its own and runs each action through ``asyncio.run``). Long agent
-actions (rejoin, demote, unfence, upgrade) are spawned: the platform keeps one per member (``busy``)
-and the engine repeats a step until it observes its effect, so every action here is idempotent.
+actions (rejoin, demote, unfence, restart, upgrade) are spawned: the platform keeps one per member
+(``busy``) and the engine repeats a step until it observes its effect, so every action here is
+idempotent.
 
-The actions whose work is the platform's own (creating, deleting and restarting members, backups,
-restores, Jobs) stay with each platform.
+The actions whose work is the platform's own (creating and deleting members, backups, restores, Jobs)
+stay with each platform.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ class Platform(Protocol):
     def silent(self, member: str) -> bool:
         """Its started agent was asked for its /status this pass and did not answer."""
 
+    def exists(self, member: str) -> bool:
+        """The platform has the member (its pod, its process' record), running or not."""
+
     def reachable(self, member: str) -> bool:
         """The member's agent has an address to call (a pod with an IP; a running process)."""
 
@@ -69,6 +73,17 @@ class Platform(Protocol):
         then: Callable[[Any], Awaitable[None]] | None = None,
     ) -> bool:
         """A long agent call in the background, unless the member is busy; ``then`` gets its answer."""
+
+    def at_revision(self, member: str, revision: str) -> bool:
+        """The member runs the revision's template (its pod's label; the revision its agent reports)."""
+
+    async def roll(self, member: str, revision: str) -> bool:
+        """The platform's part of restarting the member at ``revision``: True when the platform
+        restarts it itself (a new pod), False when its agent is to restart PostgreSQL in place (the
+        revision's parameters written first)."""
+
+    async def restarted(self, member: str, revision: str) -> None:
+        """The member's agent restarted it at ``revision`` (the platform's record of it)."""
 
     async def route(self, member: str) -> bool:
         """Point -rw at the member (once, when it points elsewhere); False when it has no address yet."""
@@ -184,6 +199,44 @@ async def set_primary(p: Platform, action: act.SetPrimary) -> None:
         await p.mark_primary(action.member)
 
 
+async def restart_member(p: Platform, action: act.RestartMember) -> None:
+    """The member at a new revision: restarted by its platform (a new pod) or by its agent; a planned
+    primary restart then starts read-write on the engine's explicit order (an agent only ever starts a
+    restarted member read-only on its own). A fenced member is never restarted by its agent here: it
+    starts again only on Unfence or Demote."""
+    member = action.member
+    if not p.exists(member) or p.busy(member):
+        return
+    status = p.status(member)
+    fenced = status is not None and status.fenced
+    if not p.at_revision(member, action.revision):
+        if await p.roll(member, action.revision) or fenced or not p.reachable(member):
+            return
+        primary, revision = action.primary, action.revision
+
+        async def restarted(_: object) -> None:
+            await p.restarted(member, revision)
+
+        _spawn(
+            p,
+            member,
+            "restart",
+            lambda c: c.restart(revision, primary=primary, reason=action.reason),
+            then=restarted,
+        )
+        return
+    if not action.primary or status is None or fenced or not p.reachable(member):
+        return
+    if status.role == "primary" or status.action is not None:
+        return
+    _spawn(
+        p,
+        member,
+        "restart as primary",
+        lambda c: c.restart(action.revision, primary=True, reason=action.reason),
+    )
+
+
 async def set_sync(p: Platform, action: act.SetSynchronousStandbys) -> None:
     member = action.member
     if not p.reachable(member) or p.busy(member):
@@ -272,6 +325,7 @@ HANDLERS: dict[type[act.Action], Callable[[Platform, Any], Awaitable[None]]] = {
     act.Promote: promote,
     act.SetPrimary: set_primary,
     act.SetSynchronousStandbys: set_sync,
+    act.RestartMember: restart_member,
     act.Rejoin: rejoin,
     act.DropReplicationSlot: drop_slot,
     act.CheckUpgrade: check_upgrade,

@@ -126,9 +126,11 @@ class FakeApi:
         self.effects.append(f"delete {kind} {name}")
 
 
-def _pod(member: str) -> dict[str, Any]:
+def _pod(member: str, status: Status | None) -> dict[str, Any]:
+    """The member's pod, at the revision its agent reports."""
+    labels = {} if status is None or status.revision is None else {names.LABEL_REVISION: status.revision}
     return {
-        "metadata": {"name": member, "namespace": NAMESPACE, "uid": f"uid-{member}", "labels": {}},
+        "metadata": {"name": member, "namespace": NAMESPACE, "uid": f"uid-{member}", "labels": labels},
         "status": {
             "podIP": _ip(member),
             "phase": "Running",
@@ -145,7 +147,9 @@ def run_on_kubernetes(recorder: Recorder, scenario: Scenario, address: Callable[
             CLUSTER, token="t", ca_pem=None, server_hostname=lambda _: None, scheme="http", port=recorder.port
         )
         cluster = {"metadata": {"name": CLUSTER, "namespace": NAMESPACE, "uid": "c"}}
-        objects = ClusterObjects(cluster=cluster, pods=[_pod(m) for m in MEMBERS], rw_slices=[])
+        objects = ClusterObjects(
+            cluster=cluster, pods=[_pod(m, scenario.statuses.get(m)) for m in MEMBERS], rw_slices=[]
+        )
 
         async def event(e: act.RecordEvent) -> None:
             scenario.effects.append(f"event {e.reason}")
@@ -330,3 +334,31 @@ def test_a_failover_with_an_unanswering_primary_asks_the_same_of_the_agents_on_b
     # Each platform stopped the unanswering member its own way.
     assert f"delete Pod {old}" in kube.effects
     assert f"kill {old}" in local.effects
+
+
+def test_a_planned_primary_restart_asks_the_same_of_the_agents_on_both_platforms(
+    sandbox: tuple[LocalPlatform, Recorder],
+) -> None:
+    """At the new revision already (Kubernetes: its new pod; the sandbox: its agent restarted), the
+    primary came back read-only: it starts read-write only on this explicit order. Not for a replica,
+    a fenced member, or one at work."""
+    old, new, other = MEMBERS
+
+    def scenario() -> Scenario:
+        return Scenario(
+            statuses={
+                old: _status(old, "replica", revision="r2"),
+                new: _status(new, "replica", revision="r2", fenced=True),
+                other: _status(other, "replica", revision="r2"),
+            },
+            listening=set(MEMBERS),
+            current_primary=old,
+            actions=[
+                act.RestartMember(old, "r2", primary=True, reason="rollout"),
+                act.RestartMember(new, "r2", primary=True, reason="fenced: not restarted"),
+                act.RestartMember(other, "r2", reason="a replica at its revision: nothing to do"),
+            ],
+        )
+
+    asked, _, _ = _compare(sandbox, scenario)
+    assert asked == [(old, "restart", {"reason": "rollout", "revision": "r2", "primary": True})]

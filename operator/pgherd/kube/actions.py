@@ -218,32 +218,6 @@ async def delete_member(ctx: ActContext, action: act.DeleteMember) -> None:
         await ctx.api.delete("PersistentVolumeClaim", ctx.namespace, names.pvc(ctx.cluster, action.member))
 
 
-async def restart_member(ctx: ActContext, action: act.RestartMember) -> None:
-    """A new pod at the new revision (OnDelete); a planned primary restart then starts read-write on
-    the engine's explicit order (the agent itself only ever starts a restarted member read-only)."""
-    pod = ctx.objects.pod(action.member)
-    if pod is None or ctx.agents.busy(action.member):
-        return
-    status = _status(ctx, action.member)
-    template_revision = (pod["metadata"].get("labels") or {}).get(names.LABEL_REVISION)
-    if template_revision != action.revision:
-        if pod["metadata"].get("deletionTimestamp"):
-            return
-        await ctx.api.delete("Pod", ctx.namespace, action.member, uid=pod["metadata"].get("uid"))
-        return
-    ip = _ip(ctx, action.member)
-    if not action.primary or status is None or ip is None or status.fenced:
-        return
-    if status.role == "primary" or status.action is not None:
-        return
-    ctx.agents.spawn(
-        action.member,
-        ip,
-        "restart as primary",
-        lambda c: c.restart(action.revision, primary=True, reason=action.reason),
-    )
-
-
 class KubeMembers:
     """The actuator's Platform (pgherd/actuator.py) on Kubernetes: agents at their pods' IPs, the -rw
     EndpointSlice, the role labels, a pod deleted to fence an unanswering member, Events."""
@@ -260,6 +234,9 @@ class KubeMembers:
 
     def silent(self, member: str) -> bool:
         return _status(self.ctx, member) is None
+
+    def exists(self, member: str) -> bool:
+        return self.ctx.objects.pod(member) is not None
 
     def reachable(self, member: str) -> bool:
         return self.ctx.objects.pod(member) is not None and _ip(self.ctx, member) is not None
@@ -290,6 +267,20 @@ class KubeMembers:
     ) -> bool:
         ip = _ip(self.ctx, member)
         return ip is not None and self.ctx.agents.spawn(member, ip, what, fn, then=then)
+
+    def at_revision(self, member: str, revision: str) -> bool:
+        pod = self.ctx.objects.pod(member) or {}
+        return (pod.get("metadata", {}).get("labels") or {}).get(names.LABEL_REVISION) == revision
+
+    async def roll(self, member: str, revision: str) -> bool:
+        """A new pod at the new revision (the StatefulSet's OnDelete): this one deleted, unless going."""
+        pod = self.ctx.objects.pod(member)
+        if pod is not None and not pod["metadata"].get("deletionTimestamp"):
+            await self.ctx.api.delete("Pod", self.ctx.namespace, member, uid=pod["metadata"].get("uid"))
+        return True
+
+    async def restarted(self, member: str, revision: str) -> None:
+        pass  # its pod's label is the record: a new pod is the only restart ``roll`` asks for
 
     async def route(self, member: str) -> bool:
         target, ip = self.ctx.objects.pod(member), _ip(self.ctx, member)
@@ -563,7 +554,6 @@ async def prune(ctx: ActContext, action: act.Prune) -> None:
 _HANDLERS: dict[type, Callable[[ActContext, Any], Awaitable[None]]] = {
     act.CreateMember: create_member,
     act.DeleteMember: delete_member,
-    act.RestartMember: restart_member,
     act.StartSnapshot: start_snapshot,
     act.StartRestore: start_restore,
     act.CreateBackup: create_backup,

@@ -16,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.engine import actions as act
 from pgherd_backup.agent.client import AgentClient
 from pgherd_backup.agent.wire import ActionResult, Status
@@ -33,8 +34,9 @@ T = TypeVar("T")
 
 
 class SandboxMembers:
-    def __init__(self, platform: LocalPlatform) -> None:
+    def __init__(self, platform: LocalPlatform, spec: PostgresClusterSpec) -> None:
         self.platform = platform
+        self.spec = spec
 
     @property
     def current_primary(self) -> str | None:
@@ -47,6 +49,9 @@ class SandboxMembers:
         # Asked this pass and did not answer; a member not observed yet (a new platform) is asked.
         statuses = self.platform.observed_statuses()
         return member in statuses and statuses[member] is None
+
+    def exists(self, member: str) -> bool:
+        return self.platform.has(member)
 
     def reachable(self, member: str) -> bool:
         return self.platform.has(member) and self.platform.pod_running(member)
@@ -85,6 +90,22 @@ class SandboxMembers:
                 asyncio.run(_awaited(then(result)))
 
         return self.platform.spawn(member, what, work)
+
+    def at_revision(self, member: str, revision: str) -> bool:
+        status = self.platform.status(member)
+        return status is not None and status.revision == revision
+
+    async def roll(self, member: str, revision: str) -> bool:
+        """The revision's parameters, read by the agent at its restart (and by a pod started again)."""
+        self.platform.write_parameters(member, self.spec)
+        return False
+
+    async def restarted(self, member: str, revision: str) -> None:
+        """The revision a pod of the member's started again gets (before its agent's next /status)."""
+        record = self.platform.members.get(member)
+        if record is not None:
+            record.revision = revision
+            record.save(self.platform.paths)
 
     async def route(self, member: str) -> bool:
         if self.platform.rw_member != member:

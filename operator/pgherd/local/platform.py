@@ -192,7 +192,7 @@ class LocalPlatform:
             return True
 
     # --- the kubelet's part ---------------------------------------------------------------------------
-    def _write_parameters(self, name: str, spec: PostgresClusterSpec) -> None:
+    def write_parameters(self, name: str, spec: PostgresClusterSpec) -> None:
         """The member's PostgreSQL parameters, read again by its agent at every start."""
         timing = user_parameters.replication_timing(spec.failover.detection_seconds)
         text = user_parameters.render({**timing, **FAST_SETTINGS, **(spec.parameters or {})})
@@ -210,7 +210,7 @@ class LocalPlatform:
         if self.held(member.name):
             return
         if spec is not None:
-            self._write_parameters(member.name, spec)
+            self.write_parameters(member.name, spec)
         pid = self.pods.start(member.name, member.ordinal, member.revision, member.seed, self.state.s3.env())
         log.info(
             "started the agent of %s (pid %d%s)",
@@ -376,7 +376,7 @@ class LocalPlatform:
     def apply(self, action: act.Action, spec: PostgresClusterSpec) -> None:
         """The engine's action: a member's here, a backup's or restore's in backups.py."""
         if actuator.handles(action):
-            asyncio.run(actuator.apply(SandboxMembers(self), action))
+            asyncio.run(actuator.apply(SandboxMembers(self, spec), action))
             return
         name = f"_do_{type(action).__name__}"
         handler = getattr(self, name, None) or getattr(self.backups, name)
@@ -425,24 +425,6 @@ class LocalPlatform:
             self.point_rw_endpoint(None)
         if not action.keep_data:
             shutil.rmtree(self.paths.member_dir(action.member), ignore_errors=True)
-
-    def _do_RestartMember(self, action: act.RestartMember, spec: PostgresClusterSpec) -> None:
-        """`restart {revision, primary}`, with the revision's parameters written first (the agent reads
-        them at the restart): read-write only when the engine says ``primary``."""
-        name = action.member
-        member = self.members.get(name)
-        status = self._statuses.get(name)
-        if member is None or self.busy(name) or (status is not None and status.fenced):
-            return
-        self._write_parameters(name, spec)
-        client = self.client(name)
-
-        def restart() -> None:
-            client.restart(action.revision, primary=action.primary, reason=action.reason)
-            member.revision = action.revision
-            member.save(self.paths)
-
-        self.spawn(name, "rolling restart of", restart)
 
     def record_event(self, event: act.RecordEvent) -> None:
         """An Event: a line of the sandbox's events log."""
