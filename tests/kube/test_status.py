@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from pgherd.clusterstatus import members
 from pgherd.engine.view import ClusterView, MemberView, Role
-from pgherd.kube.status import members, merge_patch, unchanged
+from pgherd.kube.status import merge_patch, unchanged
 
 CONDITION = {"type": "Ready", "status": "True", "reason": "Ok", "message": "", "observedGeneration": 1}
 

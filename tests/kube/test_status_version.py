@@ -7,8 +7,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from pgherd.api.cluster import PostgresClusterStatus
+from pgherd.clusterstatus import members
 from pgherd.engine.view import ClusterView, MemberView, Role
-from pgherd.kube.status import members
 from pgherd_backup.agent.wire import Status
 
 

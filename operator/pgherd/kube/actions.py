@@ -1,5 +1,7 @@
-"""The engine's actions on Kubernetes: agent calls, pod role labels, pods, PVCs, StatefulSet replicas,
-Jobs, Backup and Restore status, Events.
+"""The engine's actions on Kubernetes: pods, PVCs, StatefulSet replicas, Jobs, Backup and Restore
+status, Events; and ``KubeMembers``, this platform's side of the actuator (pgherd/actuator.py), which
+carries out the member actions (fence, promote, rejoin...) for both platforms: the agents at their pods'
+IPs, the -rw EndpointSlice, the role labels, a pod deleted to fence an unanswering member.
 
 What an action did is an Event on the cluster when it did something (the engine repeats an action until
 it sees its effect; an effect is told once): a member fenced, promoted in place, rejoined; the
@@ -17,8 +19,9 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
+from pgherd import actuator
 from pgherd.api.backup import status_from_summary
 from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.engine import actions as act
@@ -45,10 +48,10 @@ from pgherd_backup.timestamps import now_rfc3339
 
 log = logging.getLogger("pgherd.kube.actions")
 
-FENCE_TIMEOUT = 30.0
 # The pod of an agent that does not answer: deleted with the shortest grace the kubelet must confirm.
 FENCE_DELETE_GRACE = 1
 JSON = dict[str, Any]
+T = TypeVar("T")
 
 
 class NotLeader(Exception):
@@ -107,6 +110,9 @@ async def apply_all(ctx: ActContext, actions: tuple[act.Action, ...]) -> None:
 
 
 async def apply(ctx: ActContext, action: act.Action) -> None:
+    if actuator.handles(action):
+        await actuator.apply(KubeMembers(ctx), action)
+        return
     handler = _HANDLERS[type(action)]
     await handler(ctx, action)
 
@@ -212,159 +218,116 @@ async def delete_member(ctx: ActContext, action: act.DeleteMember) -> None:
         await ctx.api.delete("PersistentVolumeClaim", ctx.namespace, names.pvc(ctx.cluster, action.member))
 
 
-async def restart_member(ctx: ActContext, action: act.RestartMember) -> None:
-    """A new pod at the new revision (OnDelete); a planned primary restart then starts read-write on
-    the engine's explicit order (the agent itself only ever starts a restarted member read-only)."""
-    pod = ctx.objects.pod(action.member)
-    if pod is None or ctx.agents.busy(action.member):
-        return
-    status = _status(ctx, action.member)
-    template_revision = (pod["metadata"].get("labels") or {}).get(names.LABEL_REVISION)
-    if template_revision != action.revision:
-        if pod["metadata"].get("deletionTimestamp"):
-            return
-        await ctx.api.delete("Pod", ctx.namespace, action.member, uid=pod["metadata"].get("uid"))
-        return
-    ip = _ip(ctx, action.member)
-    if not action.primary or status is None or ip is None or status.fenced:
-        return
-    if status.role == "primary" or status.action is not None:
-        return
-    ctx.agents.spawn(
-        action.member,
-        ip,
-        "restart as primary",
-        lambda c: c.restart(action.revision, primary=True, reason=action.reason),
-    )
+class KubeMembers:
+    """The actuator's Platform (pgherd/actuator.py) on Kubernetes: agents at their pods' IPs, the -rw
+    EndpointSlice, the role labels, a pod deleted to fence an unanswering member, Events."""
 
+    def __init__(self, ctx: ActContext) -> None:
+        self.ctx = ctx
 
-async def fence(ctx: ActContext, action: act.Fence) -> None:
-    """The agent stops PostgreSQL and keeps it stopped; the -rw slice keeps its address meanwhile
-    (connections to a stopped PostgreSQL are refused at once, and the promotion's SetPrimary then
-    changes the route in one write). A member whose started agent does not answer leaves the -rw slice
-    first (its address may stop answering at all: clients would wait for a timeout) and has its pod
-    deleted: the kubelet kills it, and the pod object goes only once the kubelet confirms, which is the
-    evidence the engine waits for. A pod whose agent has not started yet (no IP, container not running
-    or not past its startup probe: a pod the StatefulSet just made again) is left alone: nothing there
-    runs PostgreSQL read-write, and its agent soon reports the fence it keeps on its volume."""
-    pod = ctx.objects.pod(action.member)
-    ip = _ip(ctx, action.member)
-    if pod is None or ip is None or not container_started(pod):
-        await _unroute(ctx, action.member)
-        await _label(ctx, action.member, None)
-        return
-    if _status(ctx, action.member) is None:
-        # Its started agent did not answer this pass's observation (cut off, hung): asking it again
-        # would only wait out the connection timeout before the same deletion.
-        await _unroute(ctx, action.member)
-        await _label(ctx, action.member, None)
-        if pod["metadata"].get("deletionTimestamp"):
-            return
-        await _delete_to_fence(ctx, action, pod)
-        return
-    try:
-        result = await ctx.agents.call(
-            action.member,
-            ip,
-            "fence",
-            lambda c: c.act(FenceRequest(reason=action.reason), timeout=FENCE_TIMEOUT),
+    @property
+    def current_primary(self) -> str | None:
+        return self.ctx.current_primary
+
+    def status(self, member: str) -> Status | None:
+        return _status(self.ctx, member)
+
+    def silent(self, member: str) -> bool:
+        return _status(self.ctx, member) is None
+
+    def exists(self, member: str) -> bool:
+        return self.ctx.objects.pod(member) is not None
+
+    def reachable(self, member: str) -> bool:
+        return self.ctx.objects.pod(member) is not None and _ip(self.ctx, member) is not None
+
+    def started(self, member: str) -> bool:
+        pod = self.ctx.objects.pod(member)
+        return pod is not None and _ip(self.ctx, member) is not None and container_started(pod)
+
+    def busy(self, member: str) -> bool:
+        ip = _ip(self.ctx, member)
+        return ip is not None and self.ctx.agents.busy(member, ip)
+
+    def upstream_address(self, member: str) -> str | None:
+        return self.ctx.member_address(member)
+
+    async def call(self, member: str, what: str, fn: Callable[[AgentClient], T]) -> T:
+        ip = _ip(self.ctx, member)
+        if ip is None:
+            raise AgentUnreachable(f"{member} has no address")
+        return await self.ctx.agents.call(member, ip, what, fn)
+
+    def spawn(
+        self,
+        member: str,
+        what: str,
+        fn: Callable[[AgentClient], Any],
+        then: Callable[[Any], Awaitable[None]] | None = None,
+    ) -> bool:
+        ip = _ip(self.ctx, member)
+        return ip is not None and self.ctx.agents.spawn(member, ip, what, fn, then=then)
+
+    def at_revision(self, member: str, revision: str) -> bool:
+        pod = self.ctx.objects.pod(member) or {}
+        return (pod.get("metadata", {}).get("labels") or {}).get(names.LABEL_REVISION) == revision
+
+    async def roll(self, member: str, revision: str) -> bool:
+        """A new pod at the new revision (the StatefulSet's OnDelete): this one deleted, unless going."""
+        pod = self.ctx.objects.pod(member)
+        if pod is not None and not pod["metadata"].get("deletionTimestamp"):
+            await self.ctx.api.delete("Pod", self.ctx.namespace, member, uid=pod["metadata"].get("uid"))
+        return True
+
+    async def restarted(self, member: str, revision: str) -> None:
+        pass  # its pod's label is the record: a new pod is the only restart ``roll`` asks for
+
+    async def route(self, member: str) -> bool:
+        target, ip = self.ctx.objects.pod(member), _ip(self.ctx, member)
+        if target is None or ip is None:
+            return False  # no address yet: the engine asks again
+        if rw_member(self.ctx.objects) != member:
+            await _write_rw_slice(self.ctx, [services.rw_endpoint(target, ip)])
+        return True
+
+    async def unroute(self, member: str) -> None:
+        await _unroute(self.ctx, member)
+
+    async def mark_primary(self, member: str) -> None:
+        for pod in self.ctx.objects.pods:
+            name = pod["metadata"]["name"]
+            labels = pod["metadata"].get("labels") or {}
+            if name != member and labels.get(names.LABEL_ROLE) == names.ROLE_PRIMARY:
+                await _label(self.ctx, name, names.ROLE_REPLICA)
+        await _label(self.ctx, member, names.ROLE_PRIMARY)
+
+    async def unmark(self, member: str) -> None:
+        await _label(self.ctx, member, None)
+
+    async def fence_acknowledged(self, member: str, result: ActionResult) -> None:
+        """Remembered while its volume is the same, for a drained primary's agent that exits once
+        fenced (kube/agents.py)."""
+        volume = self.ctx.objects.pvc(member)
+        self.ctx.agents.remember_fence(
+            member, None if volume is None else volume["metadata"].get("uid"), result
         )
-        volume = ctx.objects.pvc(action.member)
-        ctx.agents.remember_fence(
-            action.member, None if volume is None else volume["metadata"].get("uid"), result
+
+    async def fence_unanswering(self, member: str, reason: str) -> None:
+        """Its pod deleted, graceful (1 s, never 0): a grace period of 0 removes the object unconfirmed,
+        and the StatefulSet would start the member again on its volume while the old PostgreSQL may still
+        run there. A pod going already is left to its kubelet, which confirms when its processes are gone."""
+        pod = self.ctx.objects.pod(member)
+        if pod is None or pod["metadata"].get("deletionTimestamp"):
+            return
+        ctx = self.ctx
+        await ctx.api.delete(
+            "Pod", ctx.namespace, member, grace_seconds=FENCE_DELETE_GRACE, uid=pod["metadata"].get("uid")
         )
-        if result.changed:
-            await ctx.event(act.RecordEvent("Fenced", f"{action.member} {_fenced(result)}: {action.reason}"))
-        await _label(ctx, action.member, None)
-        return
-    except AgentUnreachable as exc:
-        await _unroute(ctx, action.member)
-        await _label(ctx, action.member, None)
-        if pod["metadata"].get("deletionTimestamp"):
-            return  # going already: the kubelet confirms when its processes are gone
-        log.warning("fencing %s: its agent does not answer (%s): deleting its pod", action.member, exc)
-    await _delete_to_fence(ctx, action, pod)
+        message = f"{member}'s agent does not answer: its pod is deleted, so that nothing of it writes"
+        await ctx.event_on(ctx.objects.cluster, act.RecordEvent("Fenced", f"{message}: {reason}", True))
 
-
-async def _delete_to_fence(ctx: ActContext, action: act.Fence, pod: Mapping[str, Any]) -> None:
-    # Graceful (1 s, never 0): a grace period of 0 removes the object unconfirmed, and the StatefulSet
-    # would start the member again on its volume while the old PostgreSQL may still run there.
-    await ctx.api.delete(
-        "Pod", ctx.namespace, action.member, grace_seconds=FENCE_DELETE_GRACE, uid=pod["metadata"].get("uid")
-    )
-    message = f"{action.member}'s agent does not answer: its pod is deleted, so that nothing of it writes"
-    await ctx.event_on(ctx.objects.cluster, act.RecordEvent("Fenced", f"{message}: {action.reason}", True))
-
-
-def _fenced(result: ActionResult) -> str:
-    """A fence as the agent answered it: how PostgreSQL stopped, and where its WAL ends."""
-    how = "stopped and fenced" if result.detail == "stopped" else "fenced (PostgreSQL was not running)"
-    if result.shutdown_clean is not None:
-        how += ", after a clean shutdown" if result.shutdown_clean else ", after an unclean stop"
-    if result.final_lsn is not None:
-        how += f"; its WAL ends at {result.final_lsn}"
-        how += f" on timeline {result.timeline}" if result.timeline is not None else ""
-    return how
-
-
-async def _spawned(
-    ctx: ActContext,
-    member: str,
-    what: str,
-    fn: Callable[[Any], Any],
-    then: Callable[[Any], Awaitable[None]] | None = None,
-) -> None:
-    ip = _ip(ctx, member)
-    if ip is None or ctx.objects.pod(member) is None:
-        return
-    ctx.agents.spawn(member, ip, what, fn, then=then)
-
-
-async def demote(ctx: ActContext, action: act.Demote) -> None:
-    # Read-only from now on: out of -rw first (a client there would meet a read-only server, not a
-    # refusal), as the fence of an unanswering member; the promotion routes -rw again.
-    await _unroute(ctx, action.member)
-    await _spawned(ctx, action.member, "read-only start", lambda c: c.demote(reason=action.reason))
-
-
-async def unfence(ctx: ActContext, action: act.Unfence) -> None:
-    primary = action.member == ctx.current_primary  # read-write only for the recorded primary
-    await _spawned(ctx, action.member, "unfence", lambda c: c.unfence(primary=primary, reason=action.reason))
-
-
-async def promote(ctx: ActContext, action: act.Promote) -> None:
-    ip = _ip(ctx, action.member)
-    if ip is None or ctx.agents.busy(action.member, ip):
-        return
-    result = await ctx.agents.call(action.member, ip, "promote", lambda c: c.promote(reason=action.reason))
-    # Its agent answers once it is writable: -rw routes there now rather than after the next observation
-    # (the engine's SetPrimary then finds it done and moves the role labels).
-    pod = ctx.objects.pod(action.member)
-    if pod is not None and rw_member(ctx.objects) != action.member:
-        await _write_rw_slice(ctx, [services.rw_endpoint(pod, ip)])
-    # A new primary is the engine's own Event once it sees it (Promoted, engine/narrate.py); the recorded
-    # primary promoted again in place (it came back read-only) changes no record: told here.
-    if result.changed and action.member == ctx.current_primary:
-        await ctx.event(act.RecordEvent("Promoted", f"{action.member} promoted in place: {action.reason}"))
-
-
-async def set_primary(ctx: ActContext, action: act.SetPrimary) -> None:
-    """The -rw slice names the new primary in one write (the old address replaced, never an empty slice
-    between: kube-proxy applies one change at once, a second only after its minimum sync period); the
-    role labels follow, never two pods labelled primary."""
-    target, ip = ctx.objects.pod(action.member), _ip(ctx, action.member)
-    if target is None or ip is None:
-        return  # no address yet: the engine asks again
-    if rw_member(ctx.objects) != action.member:
-        await _write_rw_slice(ctx, [services.rw_endpoint(target, ip)])
-    for pod in ctx.objects.pods:
-        name = pod["metadata"]["name"]
-        if (
-            name != action.member
-            and (pod["metadata"].get("labels") or {}).get(names.LABEL_ROLE) == names.ROLE_PRIMARY
-        ):
-            await _label(ctx, name, names.ROLE_REPLICA)
-    await _label(ctx, action.member, names.ROLE_PRIMARY)
+    async def event(self, event: act.RecordEvent) -> None:
+        await self.ctx.event(event)
 
 
 async def _unroute(ctx: ActContext, member: str) -> None:
@@ -398,54 +361,6 @@ async def _write_rw_slice(ctx: ActContext, endpoints: list[JSON]) -> None:
     seen = slice_summary(body)
     others = [s for s in ctx.objects.rw_slices or [] if s.get("name") != name]
     ctx.objects.rw_slices = [*others, seen]
-
-
-async def set_sync(ctx: ActContext, action: act.SetSynchronousStandbys) -> None:
-    ip = _ip(ctx, action.member)
-    if ip is None or ctx.agents.busy(action.member, ip):
-        return
-    value = action.config.render()
-    status = _status(ctx, action.member)
-    if status is not None and status.synchronous_standby_names == value:
-        return
-    await ctx.agents.call(action.member, ip, "set-sync", lambda c: c.set_sync(value, reason=action.reason))
-
-
-async def rejoin(ctx: ActContext, action: act.Rejoin) -> None:
-    if action.member == action.upstream:
-        log.error("refusing to rejoin %s to itself (%s)", action.member, action.reason)
-        return
-    upstream = ctx.member_address(action.upstream)
-    if upstream is None:
-        return
-
-    async def rejoined(result: object) -> None:
-        if isinstance(result, ActionResult) and result.changed:
-            message = f"{action.member} follows {action.upstream} ({result.detail}): {action.reason}"
-            await ctx.event(act.RecordEvent("MemberRejoined", message))
-
-    await _spawned(
-        ctx,
-        action.member,
-        "rejoin",
-        lambda c: c.rejoin(upstream, reclone=action.reclone, reason=action.reason),
-        then=rejoined,
-    )
-
-
-async def drop_slot(ctx: ActContext, action: act.DropReplicationSlot) -> None:
-    ip = _ip(ctx, action.member)
-    if ip is None:
-        return
-    try:
-        await ctx.agents.call(
-            action.member,
-            ip,
-            "drop-slot",
-            lambda c: c.drop_slot(action.slot.replace("-", "_"), reason=action.reason),
-        )
-    except AgentError as exc:  # refused while a standby still uses it: asked again
-        log.info("drop-slot %s on %s: %s", action.slot, action.member, exc)
 
 
 async def start_snapshot(ctx: ActContext, action: act.StartSnapshot) -> None:
@@ -512,39 +427,6 @@ async def start_restore(ctx: ActContext, action: act.StartRestore) -> None:
             )
 
     ctx.agents.spawn(action.member, ip, "restore", call, then=taken)
-
-
-async def check_upgrade(ctx: ActContext, action: act.CheckUpgrade) -> None:
-    await _upgrade(ctx, action.member, action.major, action.request_id, check=True, reason=action.reason)
-
-
-async def upgrade_member(ctx: ActContext, action: act.UpgradeMember) -> None:
-    await _upgrade(ctx, action.member, action.major, action.request_id, check=False, reason=action.reason)
-
-
-async def _upgrade(
-    ctx: ActContext, member: str, major: int, request_id: str, *, check: bool, reason: str
-) -> None:
-    """The agent's upgrade or its check (agent/upgrading.py): answered at once, followed in /status;
-    an order it carries out or ended already (its request id) is not sent again."""
-    status, ip = _status(ctx, member), _ip(ctx, member)
-    if status is None or ip is None or ctx.agents.busy(member, ip):
-        return
-    ended, progress = status.last_action, status.action_progress
-    if (ended is not None and ended.request_id == request_id) or (
-        progress is not None and progress.request_id == request_id
-    ):
-        return
-
-    def call(client: AgentClient) -> ActionResult | AgentActionError:
-        try:
-            return client.upgrade(major, check=check, request_id=request_id, reason=reason)
-        except AgentActionError as exc:
-            if exc.status != 500:
-                raise  # refused or busy: asked again
-            return exc  # it ran and failed: its lastAction says how
-
-    ctx.agents.spawn(member, ip, "upgrade check" if check else "upgrade", call)
 
 
 async def create_backup(ctx: ActContext, action: act.CreateBackup) -> None:
@@ -669,29 +551,13 @@ async def prune(ctx: ActContext, action: act.Prune) -> None:
     await ctx.event(act.RecordEvent("PruneStarted", message))
 
 
-async def record_event(ctx: ActContext, action: act.RecordEvent) -> None:
-    await ctx.event(action)
-
-
 _HANDLERS: dict[type, Callable[[ActContext, Any], Awaitable[None]]] = {
     act.CreateMember: create_member,
     act.DeleteMember: delete_member,
-    act.RestartMember: restart_member,
-    act.Fence: fence,
-    act.Demote: demote,
-    act.Unfence: unfence,
-    act.Promote: promote,
-    act.SetPrimary: set_primary,
-    act.SetSynchronousStandbys: set_sync,
-    act.Rejoin: rejoin,
-    act.DropReplicationSlot: drop_slot,
     act.StartSnapshot: start_snapshot,
     act.StartRestore: start_restore,
-    act.CheckUpgrade: check_upgrade,
-    act.UpgradeMember: upgrade_member,
     act.CreateBackup: create_backup,
     act.UpdateBackup: update_backup,
     act.UpdateRestore: update_restore,
     act.Prune: prune,
-    act.RecordEvent: record_event,
 }

@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pgherd.agentview import STATUS_TIMEOUT
 from pgherd.kube import metrics
@@ -32,6 +32,7 @@ from pgherd_backup.agent.isolation import IsolationOrder
 from pgherd_backup.agent.wire import ActionResult, Status
 
 log = logging.getLogger("pgherd.kube.agents")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -111,9 +112,7 @@ class Agents:
         results = await asyncio.gather(*(one(n, addresses[n]) for n in names))
         return dict(zip(names, results, strict=True))
 
-    async def call(
-        self, member: str, ip: str, what: str, fn: Callable[[AgentClient], ActionResult]
-    ) -> ActionResult:
+    async def call(self, member: str, ip: str, what: str, fn: Callable[[AgentClient], T]) -> T:
         """A short action, awaited (fence, promote, set-sync, drop-slot)."""
         if what != "fence":
             self._fenced.pop(member, None)  # it may act: a fence remembered says nothing any more
@@ -123,7 +122,8 @@ class Agents:
             except Exception as exc:
                 outcome.failed(exc)
                 raise
-        _log(member, what, result)
+        if isinstance(result, ActionResult):
+            _log(member, what, result)
         return result
 
     def busy(self, member: str, ip: str | None = None) -> bool:

@@ -9,17 +9,18 @@ rewinds, restores). What is done here is the platform's work:
   ``restart_delay``, kill one whose liveness probe fails, stop or delete one;
 - observation: every agent's /status at once, mapped to MemberView by ``pgherd.agentview`` (the one
   mapping the Kubernetes adapter uses too);
-- the engine's member actions, each one agent call: those that answer at once or must keep their order
-  (Fence, Promote, SetSynchronousStandbys, DropReplicationSlot) in the tick, the slow ones (Rejoin,
-  RestartMember, Demote, Unfence) in the member's worker thread, so that observation and failover
-  never wait for them; an action for a busy member is skipped and the engine re-issues it;
+- the engine's member actions: the agent calls, their guards and what is told of them are the
+  actuator's (pgherd/actuator.py, shared with Kubernetes; local/acting.py is this platform's side), run
+  in the tick, the slow ones (Rejoin, Demote, Unfence, upgrades, RestartMember) in the member's worker
+  thread, so that observation and failover never wait for them; an action for a busy member is skipped
+  and the engine re-issues it;
 - the rw endpoint (the member the last SetPrimary named, as a pod label), events, and the backups and
   restores (backups.py).
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import logging
 import os
 import shutil
@@ -30,11 +31,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 
+from pgherd import actuator
 from pgherd.agentview import fetch_statuses, member_view, port_resolver
 from pgherd.api.annotations import restart_request, upgrade_requests
 from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.engine import actions as act
 from pgherd.engine.view import ClusterView, MemberView
+from pgherd.local.acting import SandboxMembers
 from pgherd.local.backups import Backups
 from pgherd.local.dsns import SandboxDsns
 from pgherd.local.jobs import LocalJobs, agent_executable
@@ -43,9 +46,9 @@ from pgherd.local.objects import ObjectStore, now_iso
 from pgherd.local.observe import Observation, observation
 from pgherd.local.pods import Credentials, Pods
 from pgherd.local.state import MemberState, SandboxState, binaries_missing
-from pgherd_backup.agent.client import AgentClient, AgentError, AgentUnreachable
+from pgherd_backup.agent.client import AgentClient, AgentError
 from pgherd_backup.agent.isolation import IsolationOrder
-from pgherd_backup.agent.wire import ActionResult, FenceRequest, Status
+from pgherd_backup.agent.wire import Status
 from pgherd_backup.postgres import parameters as user_parameters
 from pgherd_backup.postgres.config import Setting
 from pgherd_backup.postgres.process import grant_traverse
@@ -58,10 +61,6 @@ log = logging.getLogger("pgherd.sandbox")
 # (its first start failed) says so there and waits for exactly this.
 LIVENESS_PERIOD = 2.0
 LIVENESS_FAILURES = 3
-FENCE_TIMEOUT = 30.0  # a fence answers once PostgreSQL stopped: CHECKPOINT + fast shutdown, bounded
-# An agent that does not answer a fence this long after its pod started is hung: its pod is killed.
-# Before that it is starting (it listens within a second or two): never killed, asked again.
-AGENT_START_GRACE = 30.0
 
 # Settings that make a local member fail over and catch up quickly (the spec's parameters win).
 FAST_SETTINGS: dict[str, Setting] = {
@@ -135,7 +134,7 @@ class LocalPlatform:
         member = self.members.get(name)
         return member.port if member is not None else self.state.port_of(int(name.rsplit("-", 1)[1]))
 
-    def _address(self, name: str) -> str:
+    def address(self, name: str) -> str:
         """A member's PostgreSQL as its agents name an upstream (host:port)."""
         return f"127.0.0.1:{self._port(name)}"
 
@@ -161,12 +160,16 @@ class LocalPlatform:
         """The member's /status as last observed (None: no answer)."""
         return self._statuses.get(name)
 
+    def observed_statuses(self) -> dict[str, Status | None]:
+        """The last observation's /status of each member it asked (None: no answer)."""
+        return dict(self._statuses)
+
     # --- the members' workers -----------------------------------------------------------------------------
     def busy(self, name: str) -> bool:
         worker = self._workers.get(name)
         return worker is not None and worker.is_alive()
 
-    def _spawn(self, name: str, what: str, work: Callable[[], None]) -> bool:
+    def spawn(self, name: str, what: str, work: Callable[[], None]) -> bool:
         """Run a slow agent call for one member in its worker; False when the member is busy already."""
         with self._lock:
             if self.busy(name):
@@ -189,7 +192,7 @@ class LocalPlatform:
             return True
 
     # --- the kubelet's part ---------------------------------------------------------------------------
-    def _write_parameters(self, name: str, spec: PostgresClusterSpec) -> None:
+    def write_parameters(self, name: str, spec: PostgresClusterSpec) -> None:
         """The member's PostgreSQL parameters, read again by its agent at every start."""
         timing = user_parameters.replication_timing(spec.failover.detection_seconds)
         text = user_parameters.render({**timing, **FAST_SETTINGS, **(spec.parameters or {})})
@@ -207,7 +210,7 @@ class LocalPlatform:
         if self.held(member.name):
             return
         if spec is not None:
-            self._write_parameters(member.name, spec)
+            self.write_parameters(member.name, spec)
         pid = self.pods.start(member.name, member.ordinal, member.revision, member.seed, self.state.s3.env())
         log.info(
             "started the agent of %s (pid %d%s)",
@@ -245,12 +248,11 @@ class LocalPlatform:
         before, once two thirds of their lifetime have passed, or for a shorter certificateLifetime."""
         why = self.credentials.renew(request, spec.tls.lifetime, datetime.now(UTC))
         if why is not None:
-            self._do_RecordEvent(
+            self.record_event(
                 act.RecordEvent(
                     "CertificatesRenewed",
                     f"issued the members' and the replication certificates again: {why}",
-                ),
-                spec,
+                )
             )
 
     def _check_liveness(self) -> None:
@@ -373,6 +375,9 @@ class LocalPlatform:
     # --- the engine's actions -----------------------------------------------------------------------
     def apply(self, action: act.Action, spec: PostgresClusterSpec) -> None:
         """The engine's action: a member's here, a backup's or restore's in backups.py."""
+        if actuator.handles(action):
+            asyncio.run(actuator.apply(SandboxMembers(self, spec), action))
+            return
         name = f"_do_{type(action).__name__}"
         handler = getattr(self, name, None) or getattr(self.backups, name)
         handler(action, spec)
@@ -394,11 +399,11 @@ class LocalPlatform:
                 seed = ["--seed", "initdb"]
             elif action.seed is act.Seed.BASEBACKUP:
                 source = action.source or action.upstream or ""
-                seed = ["--seed", "basebackup", "--upstream", self._address(source)]
+                seed = ["--seed", "basebackup", "--upstream", self.address(source)]
             else:
                 seed = ["--seed", "snapshot", "--snapshot", self.backups.snapshot_id(action.source, None)]
                 if action.upstream:
-                    seed += ["--upstream", self._address(action.upstream)]
+                    seed += ["--upstream", self.address(action.upstream)]
                 elif action.target:
                     seed += ["--recovery-target", action.target]
         member.seed = seed
@@ -417,163 +422,19 @@ class LocalPlatform:
         self.pods.stop(action.member)
         del self.members[action.member]
         if self.rw_member == action.member:
-            self._point_rw_endpoint(None)
+            self.point_rw_endpoint(None)
         if not action.keep_data:
             shutil.rmtree(self.paths.member_dir(action.member), ignore_errors=True)
 
-    def _do_RestartMember(self, action: act.RestartMember, spec: PostgresClusterSpec) -> None:
-        """`restart {revision, primary}`, with the revision's parameters written first (the agent reads
-        them at the restart): read-write only when the engine says ``primary``."""
-        name = action.member
-        member = self.members.get(name)
-        status = self._statuses.get(name)
-        if member is None or self.busy(name) or (status is not None and status.fenced):
-            return
-        self._write_parameters(name, spec)
-        client = self.client(name)
+    def record_event(self, event: act.RecordEvent) -> None:
+        """An Event: a line of the sandbox's events log."""
+        kind = "Warning" if event.warning else "Normal"
+        line = f"{now_iso()} {kind} {event.reason}: {event.message}\n"
+        with self.paths.events_log.open("a") as handle:
+            handle.write(line)
+        log.info("event %s %s: %s", kind, event.reason, event.message)
 
-        def restart() -> None:
-            client.restart(action.revision, primary=action.primary, reason=action.reason)
-            member.revision = action.revision
-            member.save(self.paths)
-
-        self._spawn(name, "rolling restart of", restart)
-
-    def _do_Fence(self, action: act.Fence, spec: PostgresClusterSpec) -> None:
-        """Out of the rw endpoint, then the agent stops PostgreSQL and keeps it stopped. An agent that
-        runs but does not answer is killed with its PostgreSQL, as a pod is deleted."""
-        name = action.member
-        if name not in self.members:
-            return
-        if self.rw_member == name:
-            self._point_rw_endpoint(None)
-        if not self.pods.running(name):
-            return  # a lost pod: nothing runs; its agent will not start PostgreSQL read-write on its own
-        try:
-            result = self.client(name).act(FenceRequest(reason=action.reason), timeout=FENCE_TIMEOUT)
-        except AgentUnreachable as exc:
-            started = self.pods.started_at(name)
-            if started is not None and time.time() - started < AGENT_START_GRACE:
-                # Starting: it does not run PostgreSQL read-write on its own; asked again next tick.
-                log.info("fencing %s: its agent is starting (%s): asking again", name, exc)
-                return
-            log.warning("fencing %s: its agent does not answer (%s): killing its pod", name, exc)
-            self.pods.kill(name)
-            return
-        if result.changed:
-            log.info("fenced %s (%s): %s", name, action.reason, result.detail)
-
-    def _do_Demote(self, action: act.Demote, spec: PostgresClusterSpec) -> None:
-        """A fenced member read-only with no upstream: its WAL can then be counted and chosen."""
-        name = action.member
-        if name not in self.members or self.busy(name) or not self.pods.running(name):
-            return
-        client = self.client(name)
-        self._spawn(
-            name, "read-only start of", lambda: _log_result(name, client.demote(reason=action.reason))
-        )
-
-    def _do_Unfence(self, action: act.Unfence, spec: PostgresClusterSpec) -> None:
-        """A fenced member as it was: read-write only for the recorded primary (a switchover abandoned
-        before any promotion)."""
-        name = action.member
-        if name not in self.members or self.busy(name) or not self.pods.running(name):
-            return
-        client = self.client(name)
-        primary = name == self.current_primary
-        self._spawn(
-            name, "unfence", lambda: _log_result(name, client.unfence(primary=primary, reason=action.reason))
-        )
-
-    def _do_Promote(self, action: act.Promote, spec: PostgresClusterSpec) -> None:
-        name = action.member
-        if name not in self.members or self.busy(name):
-            return
-        result = self.client(name).promote(reason=action.reason)
-        if result.changed:
-            # The other replicas follow it by the engine's Rejoins of the same decision (early_follow).
-            log.info("promoted %s (%s)", name, action.reason)
-
-    def _do_SetPrimary(self, action: act.SetPrimary, spec: PostgresClusterSpec) -> None:
-        # The rw DSN selects the only read-write member; what is recorded here is what a pod label
-        # would say, for the engine to check (ClusterView.rw_member).
-        if self.rw_member != action.member:
-            log.info("primary is now %s", action.member)
-        self._point_rw_endpoint(action.member)
-
-    def _point_rw_endpoint(self, member: str | None) -> None:
+    def point_rw_endpoint(self, member: str | None) -> None:
         if self.rw_member != member or not self.paths.rw_endpoint.exists():
             write_json(self.paths.rw_endpoint, {"member": member})
         self.rw_member = member
-
-    def _do_SetSynchronousStandbys(
-        self, action: act.SetSynchronousStandbys, spec: PostgresClusterSpec
-    ) -> None:
-        if action.member not in self.members or self.busy(action.member):
-            return
-        value = action.config.render()
-        status = self._statuses.get(action.member)
-        if status is not None and status.synchronous_standby_names == value:
-            return  # in force: the engine repeats a step until it observes it
-        self.client(action.member).set_sync(value, reason=action.reason)
-        log.info("synchronous_standby_names on %s = %r", action.member, value)
-
-    def _do_Rejoin(self, action: act.Rejoin, spec: PostgresClusterSpec) -> None:
-        name = action.member
-        if name not in self.members or action.upstream not in self.members or self.busy(name):
-            return
-        if name == action.upstream:
-            log.error("refusing to rejoin %s to itself (%s)", name, action.reason)
-            return
-        if not self.pods.running(name) or self._statuses.get(name) is None:
-            return  # its pod is being restarted, or its agent starting: the engine asks again
-        client = self.client(name)
-        upstream = self._address(action.upstream)
-        self._spawn(
-            name,
-            "rejoin",
-            lambda: _log_result(name, client.rejoin(upstream, reclone=action.reclone, reason=action.reason)),
-        )
-
-    def _do_DropReplicationSlot(self, action: act.DropReplicationSlot, spec: PostgresClusterSpec) -> None:
-        if action.member not in self.members:
-            return
-        with contextlib.suppress(AgentError):  # refused while a standby uses it: asked again
-            self.client(action.member).drop_slot(action.slot.replace("-", "_"), reason=action.reason)
-
-    def _do_CheckUpgrade(self, action: act.CheckUpgrade, spec: PostgresClusterSpec) -> None:
-        self._upgrade(action.member, action.major, action.request_id, check=True, reason=action.reason)
-
-    def _do_UpgradeMember(self, action: act.UpgradeMember, spec: PostgresClusterSpec) -> None:
-        self._upgrade(action.member, action.major, action.request_id, check=False, reason=action.reason)
-
-    def _upgrade(self, name: str, major: int, request_id: str, *, check: bool, reason: str) -> None:
-        """The agent's upgrade (or its check): answered at once, followed in its /status; an order it
-        carries out or ended already (the same request id) starts nothing new."""
-        if name not in self.members or not self.pods.running(name):
-            return
-        status = self._statuses.get(name)
-        if status is None:
-            return  # its agent is starting: the engine asks again
-        ended = status.last_action
-        progress = status.action_progress
-        if (ended is not None and ended.request_id == request_id) or (
-            progress is not None and progress.request_id == request_id
-        ):
-            return
-        try:
-            self.client(name).upgrade(major, check=check, request_id=request_id, reason=reason)
-        except AgentError as exc:
-            log.warning("%s on %s: %s", "upgrade check" if check else "upgrade", name, exc)
-
-    def _do_RecordEvent(self, action: act.RecordEvent, spec: PostgresClusterSpec) -> None:
-        kind = "Warning" if action.warning else "Normal"
-        line = f"{now_iso()} {kind} {action.reason}: {action.message}\n"
-        with self.paths.events_log.open("a") as handle:
-            handle.write(line)
-        log.info("event %s %s: %s", kind, action.reason, action.message)
-
-
-def _log_result(name: str, result: ActionResult) -> None:
-    if result.changed:
-        log.info("%s: %s", name, result.detail)

@@ -20,9 +20,12 @@ from typing import Any, Protocol
 from pgherd.agentview import isolation_order
 from pgherd.api.annotations import rotate_request
 from pgherd.api.cluster import PostgresClusterSpec
+from pgherd.clusterstatus import cluster_status
 from pgherd.engine import Decision, EngineStatus, decide
 from pgherd.engine.actions import Action, RecordEvent, UpdateBackup, UpdateRestore
+from pgherd.engine.lsn import parse_lsn
 from pgherd.engine.status import OperationKind
+from pgherd.engine.view import ClusterView
 from pgherd.local.layout import SandboxPaths, read_json, write_json
 from pgherd.local.objects import ObjectStore, now_iso
 from pgherd.local.observe import Observation
@@ -122,7 +125,7 @@ class Supervisor:
         ]
         if not members:
             return None
-        best = max(members, key=lambda m: (m.get("receivedLSN") or 0, m.get("name")))
+        best = max(members, key=lambda m: (_received(m), m.get("name")))
         return str(best["name"])
 
     def run(self) -> None:
@@ -161,7 +164,7 @@ class Supervisor:
         target = self.switchover_target(request)
         view, seen = self.platform.view(spec, target)
         decision = decide(spec, view, status)
-        self.write_status(cluster, spec, decision, seen)
+        self.write_status(decision, view, seen)
         for event in decision.events:  # what the engine decided, told once (events.log)
             self.platform.apply(event, spec)
         self.platform.current_primary = decision.status.current_primary
@@ -217,76 +220,38 @@ class Supervisor:
             )
             self.objects.clear_switchover()
 
-    def write_status(
-        self,
-        cluster: dict[str, Any],
-        spec: PostgresClusterSpec,
-        decision: Decision,
-        seen: dict[str, Observation],
-    ) -> None:
-        primary = decision.status.current_primary
-        primary_lsn = None
-        if primary and primary in seen and seen[primary].reachable:
-            primary_lsn = seen[primary].received_lsn
-        members = []
-        for name, member in sorted(self.platform.members.items(), key=lambda item: item[1].ordinal):
-            obs = seen.get(name, Observation(False))
-            role = (
-                "fenced"
-                if member.fenced
-                else ("unknown" if not obs.reachable else ("replica" if obs.in_recovery else "primary"))
-            )
-            lag = None
-            if primary_lsn is not None and obs.reachable and obs.replayed_lsn is not None:
-                lag = max(0, primary_lsn - obs.replayed_lsn)
-            members.append(
+    def write_status(self, decision: Decision, view: ClusterView, seen: dict[str, Observation]) -> None:
+        """status.json: the document Kubernetes writes too (pgherd/clusterstatus.py), each member with
+        the sandbox's own keys beside (its port, DSN, agent, whether its worker is busy)."""
+        previous = read_json(self.paths.status_file, {}) or {}
+        status = cluster_status(decision, view, previous, statuses=self.platform.observed_statuses())
+        for member in status["members"]:
+            name = member["name"]
+            local = self.platform.members.get(name)
+            member.update(
                 {
-                    "name": name,
-                    "role": role,
-                    "ready": obs.reachable,
-                    "reachable": obs.reachable,
-                    "port": member.port,
+                    "port": None if local is None else local.port,
                     "dsn": self.platform.app_dsn(name),
-                    "timeline": obs.timeline,
-                    "version": obs.server_version,
-                    "receivedLSN": obs.received_lsn,
-                    "replayedLSN": obs.replayed_lsn,
-                    "lagBytes": lag,
-                    "streaming": obs.receiver_streaming,
-                    "revision": member.revision,
+                    "streaming": seen.get(name, Observation(False)).receiver_streaming,
+                    "revision": None if local is None else local.revision,
                     "busy": self.platform.busy(name),
                     "agent": self.platform.agent_url(name),
                     "metrics": self.platform.metrics_url(name),
                     "startError": _start_error(self.platform.status(name)),
                 }
             )
-        operation = decision.status.operation
-        status = {
-            "phase": decision.phase.value,
-            "message": decision.message,
-            "conditions": [
-                {
-                    "type": c.type.value,
-                    "status": "Unknown" if c.status is None else ("True" if c.status else "False"),
-                    "reason": c.reason,
-                    "message": c.message,
-                }
-                for c in decision.conditions
-            ],
-            "observedGeneration": cluster["metadata"].get("generation", 1),
-            "currentPrimary": primary,
-            "targetPrimary": decision.target_primary,
-            "instances": len(self.platform.members),
-            "readyInstances": sum(1 for m in members if m["ready"]),
-            "members": members,
-            "timeline": decision.status.timeline,
-            "postgresVersion": decision.status.major,
-            "operation": None if operation is None else operation.to_dict(),
-            "engine": decision.status.to_dict(),
-            "updatedAt": now_iso(),
-            "supervisorPid": os.getpid(),
-        }
+        status["updatedAt"] = now_iso()
+        status["supervisorPid"] = os.getpid()
         write_json(self.paths.status_file, status)
+
+
+def _received(member: dict[str, Any]) -> int:
+    """A member's receivedLSN in status.json as a number (text as PostgreSQL prints it; a status.json
+    from before the shared status builder holds integers)."""
+    value = member.get("receivedLSN")
+    if isinstance(value, int):
+        return value
+    return parse_lsn(value) if value else 0
 
 
 def _start_error(status: Status | None) -> str | None:

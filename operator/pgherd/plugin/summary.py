@@ -90,7 +90,8 @@ def _operation(why: Explanation) -> JSON | None:
 
 
 def _lsn(value: Any) -> str | None:
-    """An LSN as PostgreSQL prints it (the sandbox records integers, Kubernetes text)."""
+    """An LSN as PostgreSQL prints it (both platforms write text; a sandbox's status.json from before
+    the shared status builder holds integers)."""
     if isinstance(value, int):
         return format_lsn(value)
     return None if value is None else str(value)
