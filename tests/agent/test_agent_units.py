@@ -224,3 +224,23 @@ def test_a_stale_postmaster_pid_naming_a_thread_is_removed(tmp_path: Path) -> No
     finally:
         done.set()
         worker.join()
+
+
+def test_the_upstream_is_heard_from_its_receiver_and_its_loss_dated_at_the_first_sample_without_it():
+    from pgherd_backup.agent.upstream import Heard, next_heard, silence_now
+
+    up = "127.0.0.1:5432"
+    streaming = next_heard(None, up, 1.5, at=100.0)  # the receiver's own silence
+    assert streaming == Heard(up, 98.5, receiving=True)
+    assert silence_now(streaming, up, now=100.3) == 0.0  # gone since the last sample: dated now at most
+    lost = next_heard(streaming, up, None, at=100.2)  # the first sample without the row dates the loss
+    assert lost == Heard(up, 100.2, receiving=False)
+    assert next_heard(lost, up, None, at=100.4) == lost  # and it ages
+    assert silence_now(lost, up, now=103.2) == 3.0
+    # Never earlier than a date already given, whatever the last row said.
+    assert next_heard(Heard(up, 100.5, receiving=True), up, None, at=100.4) == Heard(up, 100.5, False)
+    # Another upstream configured: nothing heard from it; none configured: nothing at all.
+    assert next_heard(lost, "10.0.0.9:5432", None, at=101.0) is None
+    assert silence_now(lost, "10.0.0.9:5432", now=101.0) is None
+    assert next_heard(streaming, None, 0.5, at=101.0) is None
+    assert next_heard(None, up, None, at=101.0) is None

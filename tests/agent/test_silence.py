@@ -12,6 +12,8 @@ import time
 
 from agent_helpers import MEMBERS
 
+from pgherd_backup.agent.upstream import APPLICATION
+
 TIMEOUT = 4.0  # wal_receiver_timeout: the receiver asks after 2 s of quiet, gives up after 4 s
 MARGIN = 1.0  # pgherd.engine.failover.SILENCE_MARGIN
 
@@ -65,12 +67,14 @@ def test_a_quiet_primary_is_never_silent_beyond_its_heartbeat_and_a_stopped_one_
         else:
             raise AssertionError(f"no silence beyond the heartbeat while streaming: {seen}")
         assert replica.status().upstream_silent_seconds is not None
-        # The receiver gives up at wal_receiver_timeout; the agent still knows when the primary last spoke.
+        # The receiver gives up at wal_receiver_timeout, its row gone: the agent dates the loss at its first
+        # sample without the row (it cannot tell a timeout from a closed connection: the later date is the
+        # safe one), and the silence goes on from there. The operator's vote kept the stream's earlier date.
         replica.wait_until(
             lambda: not replica.status().streaming, "the receiver giving up", timeout=3 * TIMEOUT
         )
         after = replica.status().upstream_silent_seconds
-        assert after is not None and after >= TIMEOUT, after
+        assert after is not None and after < TIMEOUT, after
         time.sleep(1)
         later = replica.status().upstream_silent_seconds
         assert later is not None and later > after
@@ -85,3 +89,55 @@ def test_a_quiet_primary_is_never_silent_beyond_its_heartbeat_and_a_stopped_one_
         ),
         "streaming again, its primary speaking",
     )
+
+
+# The agent reads its clock for the figure somewhere between the test's request and its answer: the date
+# it means lies in [asked - silence, answered - silence]. The check below (answered - silence >= kill)
+# thus proves the agent's date is at most the round trip (tens of ms, bounded by ROUND_TRIP) before the
+# kill; the aged sample of the last poll was 2 s before it.
+ROUND_TRIP = 0.25
+LATE = 0.5  # the agent samples its receiver every 0.2 s: the loss is dated at most one sample late
+
+
+def test_a_dead_primary_is_dated_from_the_replicas_own_samples_not_from_the_operators_last_poll(agents):
+    """The primary's postmaster is killed while nobody asks the replica's agent anything: the date of the
+    loss it then reports (now - upstream_silent_seconds) is never before the kill (the primary's last
+    word is at most the kill), and at most a sample after it. Ageing the sample of the last /status,
+    taken seconds before, would date it that much too early: a failover before detectionSeconds."""
+    primary = agents.primary(MEMBERS[0])
+    replica = agents(MEMBERS[1], "--seed", "basebackup", "--upstream", primary.address)
+    replica.wait_streaming()  # the last /status before the kill
+    assert primary.process is not None
+    primary.signal(signal.SIGSTOP)  # its agent would start PostgreSQL again at once (a crash)
+    try:
+        time.sleep(2.0)  # a steady operator's poll interval, without a poll
+        postmaster = int((primary.pgdata / "postmaster.pid").read_text().split()[0])
+        killed = time.monotonic()
+        os.kill(postmaster, signal.SIGKILL)
+        time.sleep(1.0)  # the receiver gone, well before the replica is asked again
+        asked = time.monotonic()
+        status = replica.status()
+        answered = time.monotonic()
+    finally:
+        primary.signal(signal.SIGCONT)
+    assert not status.streaming, status.wal_receiver
+    silence = status.upstream_silent_seconds
+    assert silence is not None
+    assert answered - asked < ROUND_TRIP
+    earliest, latest = asked - silence, answered - silence  # the agent's date, within the round trip
+    assert latest >= killed, f"dated at least {killed - latest:.3f}s before the kill"
+    assert latest <= killed + LATE, f"dated {latest - killed:.3f}s after the kill"
+    print(f"dated {earliest - killed:+.3f}..{latest - killed:+.3f}s from the kill")
+
+
+def test_the_watch_samples_a_replica_only_and_stops_at_its_promotion(agents):
+    primary = agents.primary(MEMBERS[0])
+    replica = agents(MEMBERS[1], "--seed", "basebackup", "--upstream", primary.address)
+    replica.wait_streaming()
+    watching = f"SELECT count(*) FROM pg_stat_activity WHERE application_name = '{APPLICATION}'"
+    replica.wait_until(lambda: replica.value(watching) == 1, "the watch's connection")
+    assert primary.value(watching) == 0  # a primary has no upstream to watch
+    primary.client.fence(reason="a test")
+    replica.client.promote()
+    replica.wait_until(lambda: replica.value(watching) == 0, "the watch's connection closed", timeout=5)
+    assert replica.status().upstream_silent_seconds is None

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -58,6 +58,9 @@ from pgherd_backup.postgres.seed import is_empty
 from pgherd_backup.postgres.walend import WalEndReader
 from pgherd_backup.restore import agent_executable
 from pgherd_backup.wal import ARCHIVE_FAILURE_VARIABLE
+
+if TYPE_CHECKING:
+    from pgherd_backup.agent.upstream import Heard
 
 log = logging.getLogger("pgherd.agent")
 
@@ -232,9 +235,9 @@ class Instance:
         self.action_name: str | None = None
         self.long_action: LongAction | None = None  # the action going on after its answer (restore)
         self.analyzing = False  # statistics being rebuilt after a major upgrade (upgrading.py)
-        # When its upstream last said anything (monotonic), and which upstream: kept after the WAL
-        # receiver gives up on a silent one (status.upstream_silence).
-        self.upstream_heard: tuple[str, float] | None = None
+        # When its upstream last said anything, and which upstream: kept after the WAL receiver gives
+        # up on a silent one. Written by the agent's watch on its receiver alone (upstream.py).
+        self.upstream_heard: Heard | None = None
         self.isolation = Isolation()  # the operator's last word and order (isolation.py)
         self.boot_done = threading.Event()
         self._state_lock = threading.RLock()
@@ -454,23 +457,30 @@ class Instance:
             self.release()
 
     # -- SQL on the member itself --------------------------------------------------------------------
-    def local_dsn(self, user: str | None = None) -> str:
+    def local_dsn(self, user: str | None = None, application: str = "pgherd-agent") -> str:
         """The Unix socket, as `user` (default: the superuser)."""
         return make_conninfo(
             host=str(self.options.socket_dir),
             port=str(self.options.pg_port),
             user=user or self.options.superuser,
             dbname="postgres",
-            application_name="pgherd-agent",
+            application_name=application,
         )
 
     def open_local(
-        self, timeout: float = 2.0, statement_timeout: float | None = None, user: str | None = None
+        self,
+        timeout: float = 2.0,
+        statement_timeout: float | None = None,
+        user: str | None = None,
+        application: str = "pgherd-agent",
     ) -> psycopg.Connection[Any]:
         """A connection on the Unix socket, autocommit; the caller closes it."""
         options = f"-c statement_timeout={int((statement_timeout or timeout) * 1000)}"
         return psycopg.connect(
-            self.local_dsn(user), autocommit=True, connect_timeout=max(1, int(timeout)), options=options
+            self.local_dsn(user, application),
+            autocommit=True,
+            connect_timeout=max(1, int(timeout)),
+            options=options,
         )
 
     @contextlib.contextmanager

@@ -23,6 +23,7 @@ from pgherd_backup.agent.instance import Instance
 from pgherd_backup.agent.options import AgentOptions
 from pgherd_backup.agent.server import AgentServer
 from pgherd_backup.agent.supervisor import OrphanReaper
+from pgherd_backup.agent.upstream import UpstreamWatch
 from pgherd_backup.errors import UsageError
 
 if TYPE_CHECKING:
@@ -112,6 +113,7 @@ def run(options: AgentOptions) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     threading.Thread(target=instance.boot, name="boot", daemon=True).start()
+    watch = UpstreamWatch(instance).start()  # samples only while PostgreSQL runs as a replica
     reaper = OrphanReaper() if os.getpid() == 1 else None
     ticks = 0
     while not stop.wait(1.0):
@@ -127,6 +129,7 @@ def run(options: AgentOptions) -> int:
             if served is not None and (renewed := served.refresh()) is not None:
                 server.context = renewed  # the next handshakes; connections open keep theirs
     instance.terminate()
+    watch.stop()
     server.stop()
     if metrics is not None:
         metrics.stop()

@@ -15,6 +15,7 @@ import psycopg
 
 from pgherd_backup.agent.instance import VERSION, Instance, describe_upstream
 from pgherd_backup.agent.supervisor import PostmasterState
+from pgherd_backup.agent.upstream import silence_now
 from pgherd_backup.agent.wire import ActionOutcome, Status, WalReceiver, WireError, format_lsn, parse_lsn
 from pgherd_backup.postgres.binaries import data_major
 from pgherd_backup.wal import archive_failure
@@ -174,21 +175,16 @@ def _archive_error(inst: Instance) -> str | None:
 
 def upstream_silence(inst: Instance, live: Live) -> float | None:
     """Seconds since its upstream last said anything: the receiver's own figure while it has one, else
-    the last one seen, aged, while it still follows that upstream (a receiver that gave up on a silent
-    primary leaves no row: its silence goes on all the same)."""
+    the date the agent's own watch gave its loss (upstream.py), aged, while it still follows that
+    upstream (a receiver that gave up on a silent primary leaves no row: its silence goes on all the
+    same). Never from this reading alone: a row gone since the watch's last sample is dated now."""
     if not live.in_recovery:
-        inst.upstream_heard = None
         return None
     receiver = live.receiver
-    configured = describe_upstream(inst.settings_snapshot()["upstream"])
-    now = time.monotonic()
     if receiver is not None and receiver.silent_seconds is not None:
-        inst.upstream_heard = None if configured is None else (configured, now - receiver.silent_seconds)
         return receiver.silent_seconds
-    heard = inst.upstream_heard
-    if heard is None or heard[0] != configured:
-        return None  # never heard, or told to follow another upstream since
-    return round(now - heard[1], 3)
+    configured = describe_upstream(inst.settings_snapshot()["upstream"])
+    return silence_now(inst.upstream_heard, configured, time.monotonic())
 
 
 def gather(inst: Instance) -> Status:

@@ -1,0 +1,176 @@
+"""When a replica's upstream last said anything, as its agent vouches for it (`Instance.upstream_heard`).
+
+The operator dates a lost primary from the replicas' figure (/status upstream_silent_seconds): it must
+never be earlier than the truth, else a failover could start before the primary was silent for
+detectionSeconds. While the WAL receiver has a row, PostgreSQL measures the silence itself
+(last_msg_receipt_time). Once the row has gone (the connection closed: the primary died), nothing says
+when; the agent therefore watches the receiver on its own, every SAMPLE seconds whoever asks, and dates
+the loss at the first sample that saw the row gone: never before the truth, at most a sample after it.
+Ageing the last /status instead dated it up to an operator's poll (2 s) too early.
+
+One thread, one kept connection over the Unix socket as pgherd_monitor (as the superuser while that
+role cannot log in, like the probes' view.py); it samples only a running replica that is not fenced.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from pgherd_backup.agent.instance import Instance, describe_upstream
+from pgherd_backup.agent.seeding import MONITOR_ROLE
+
+log = logging.getLogger("pgherd.agent")
+
+SAMPLE = 0.2  # seconds between samples: how late a lost upstream may be dated
+OPEN_RETRY = 1.0  # after a refused connection (PostgreSQL starting): each refusal is a line in its log
+MONITOR_RETRY = 60.0  # reading as the superuser (pgherd_monitor not replicated yet) until trying again
+APPLICATION = "pgherd-agent-upstream-watch"  # its backend in pg_stat_activity
+
+# One row whatever the receiver's state; the silence is null without a receiver (or before its first
+# message), and only pg_read_all_stats (pg_monitor) may read it.
+_QUERY = """
+SELECT pg_is_in_recovery(),
+       (SELECT extract(epoch FROM clock_timestamp() - last_msg_receipt_time)::float8
+          FROM pg_stat_wal_receiver)
+"""
+
+
+@dataclass(frozen=True)
+class Heard:
+    """When `upstream` (as describe_upstream shows it, the configured one) last said anything."""
+
+    upstream: str
+    at: float  # time.monotonic(); never earlier than its real last word
+    receiving: bool  # the last sample saw its receiver's row: gone since is not dated yet
+
+
+def next_heard(prev: Heard | None, upstream: str | None, silence: float | None, at: float) -> Heard | None:
+    """What a sample at `at` (taken once the query returned) says: its receiver's own silence while it
+    has a row; else the first sample without one dates the loss (the row went between the two samples,
+    so never before the truth); later ones leave that date to age. Another upstream: nothing heard."""
+    if upstream is None:
+        return None
+    if silence is not None:
+        return Heard(upstream, at - max(0.0, silence), receiving=True)
+    if prev is None or prev.upstream != upstream:
+        return None
+    if prev.receiving:
+        return Heard(upstream, max(prev.at, at), receiving=False)
+    return prev
+
+
+def silence_now(heard: Heard | None, upstream: str | None, now: float) -> float | None:
+    """Seconds since `upstream` last said anything, for /status when its own reading has no receiver
+    row: 0 while the watch has not seen the row go yet (at the latest now, the safe side)."""
+    if heard is None or heard.upstream != upstream:
+        return None
+    if heard.receiving:
+        return 0.0
+    return round(max(0.0, now - heard.at), 3)
+
+
+class UpstreamWatch:
+    """The sampling thread: start() once, stop() at the agent's exit."""
+
+    def __init__(self, inst: Instance, every: float = SAMPLE) -> None:
+        self.inst = inst
+        self.every = every
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._conn: psycopg.Connection[Any] | None = None
+        self._conn_of: datetime | None = None  # the postmaster (its `since`) the connection is to
+        self._primary: datetime | None = None  # a primary (not in recovery) since this postmaster start
+        self._open_after = 0.0
+        self._superuser_until = 0.0  # reading as the superuser until then
+        self._failing = False  # an unexpected error was logged: not again until a sample succeeds
+
+    def start(self) -> UpstreamWatch:
+        self._thread = threading.Thread(target=self._run, name="upstream-watch", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 3.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(self.every):
+                try:
+                    self.step()
+                except Exception:  # a bug: logged once, the watch goes on (/status answers 0 meanwhile)
+                    self._close()
+                    if not self._failing:
+                        log.exception("the watch on the WAL receiver failed")
+                    self._failing = True
+        finally:
+            self._close()
+
+    def step(self) -> None:
+        """One sample when there is a replica to watch; else the connection closed (a cheap check)."""
+        inst = self.inst
+        since = inst.postmaster.since
+        if inst.shutting_down or inst.state.fenced or not inst.postmaster.alive or since == self._primary:
+            self._close()  # fenced, stopped, or a primary until PostgreSQL starts again (demote, rejoin)
+            return
+        conn = self._connection(since)
+        if conn is None:
+            return
+        try:
+            row = conn.execute(_QUERY).fetchone()
+        except psycopg.Error:
+            self._close()  # PostgreSQL restarted or stopping: a new connection at the next sample
+            return
+        at = time.monotonic()
+        assert row is not None
+        in_recovery, silence = row
+        self._failing = False
+        if not in_recovery:
+            inst.upstream_heard = None
+            self._primary = since
+            self._close()
+            return
+        upstream = describe_upstream(inst.settings_snapshot()["upstream"])
+        inst.upstream_heard = next_heard(inst.upstream_heard, upstream, silence, at)
+
+    def _connection(self, since: datetime) -> psycopg.Connection[Any] | None:
+        now = time.monotonic()
+        if self._conn is not None and (self._conn_of != since or self._superuser_until_passed(now)):
+            self._close()
+        if self._conn is None and now >= self._open_after:
+            try:
+                self._conn = self._open()
+                self._conn_of = since
+            except psycopg.Error:
+                self._open_after = now + OPEN_RETRY  # not accepting connections yet
+        return self._conn
+
+    def _superuser_until_passed(self, now: float) -> bool:
+        return bool(self._superuser_until) and now >= self._superuser_until
+
+    def _open(self) -> psycopg.Connection[Any]:
+        inst = self.inst
+        try:
+            conn = inst.open_local(timeout=1, statement_timeout=1, user=MONITOR_ROLE, application=APPLICATION)
+        except psycopg.OperationalError:
+            # A replica before its primary's agent created the role: its rights are the superuser's too.
+            conn = inst.open_local(timeout=1, statement_timeout=1, application=APPLICATION)
+            if not self._superuser_until:
+                log.info("the WAL receiver's watch reads as the superuser until %s can log in", MONITOR_ROLE)
+            self._superuser_until = time.monotonic() + MONITOR_RETRY
+            return conn
+        self._superuser_until = 0.0
+        return conn
+
+    def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
