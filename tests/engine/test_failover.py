@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import timedelta
 
 from pgherd.api.cluster import Phase, PostgresClusterSpec
 from pgherd.engine import ClusterView, EngineStatus, Role, decide
@@ -37,6 +38,34 @@ def test_failure_is_confirmed_for_detection_seconds_first() -> None:
     assert "confirming" in first.message
     assert first.status.primary_lost_since == view.now
     again = decide(spec, later(view, 3), first.status)
+    assert again.actions == ()
+
+
+def test_detection_counts_from_when_the_replicas_lost_the_primary() -> None:
+    """The operator first sees the failure a poll after it happened; the replicas' WAL receivers date it
+    (their upstream's last word). Detection (5 s) counts from there, once a majority of them say so."""
+    spec, view, status = _primary_dies()
+
+    def silent_for(view: ClusterView, seconds: float) -> ClusterView:
+        members = [view.members[0]] + [replace(m, upstream_silence=seconds) for m in view.members[1:]]
+        return with_members(view, *members)
+
+    first = decide(spec, silent_for(view, 2.0), status)  # lost 2 s before the operator looked
+    assert first.actions == () and first.status.primary_lost_since == view.now - timedelta(seconds=2)
+    early = decide(spec, silent_for(later(view, 2.5), 4.5), first.status)
+    assert early.actions == ()  # 4.5 s: not yet
+    decision = decide(spec, silent_for(later(view, 3.1), 5.1), early.status)
+    assert decision.phase is Phase.FAILING_OVER
+    assert decision.actions == (A.Fence("pg-0", reason=decision.actions[0].reason),)
+
+
+def test_one_replica_dating_the_loss_early_does_not_shorten_detection() -> None:
+    """Only the time by which a majority (here both replicas) lost the primary counts."""
+    spec, view, status = _primary_dies()
+    one_early = [view.members[0], replace(view.members[1], upstream_silence=4.0), view.members[2]]
+    first = decide(spec, with_members(view, *one_early), status)
+    assert first.status.primary_lost_since == view.now
+    again = decide(spec, with_members(later(view, 1.5), *one_early), first.status)
     assert again.actions == ()
 
 

@@ -14,9 +14,10 @@ Steps of a Failover operation (recorded before the first one):
 The failure itself is confirmed first (``assess``): the operator cannot reach the primary for
 ``detectionSeconds`` and a majority of the voters agree, each replica's vote being a loss of its WAL
 stream (or silence on it beyond what a live primary allows, dated back to its last word) observed
-continuously for as long. If the promoted member vanishes after Promote was issued, it
-is recorded as the primary anyway and goes through the same confirmation (fenced first): never two
-promoted members.
+continuously for as long. Detection counts from the operator's first observation of the failure, or
+from the earlier date by which a majority of the replicas lost the primary (``lost_since``). If the
+promoted member vanishes after Promote was issued, it is recorded as the primary anyway and goes
+through the same confirmation (fenced first): never two promoted members.
 """
 
 from __future__ import annotations
@@ -209,6 +210,20 @@ def _votes(ctx: Context, old: str | None) -> dict[str, datetime]:
     return out
 
 
+def lost_since(ctx: Context, votes_since: dict[str, datetime], needed: int) -> datetime:
+    """When the primary was lost, as far as the evidence goes: now (the operator's first observation of
+    it), or earlier when ``needed`` replicas date their loss before (their WAL receivers' last word
+    from it). Detection then counts from the failure, not from the operator's next poll, which comes
+    up to a poll interval later (1.1 s of a 5.0 s failover on localkube, 2026-12-05); the votes
+    themselves still need detectionSeconds and two observations each.
+
+    Safe because no agent dates a loss before the truth: each watches its own WAL receiver every 0.2 s
+    and dates a receiver gone at the first sample without it (pgherd_backup.agent.upstream), where it
+    once aged the sample of the operator's last poll, up to 2 s too early (e52172d reverted this)."""
+    dates = sorted(votes_since.values())
+    return dates[needed - 1] if needed > 0 and len(dates) >= needed else ctx.now
+
+
 def counted_votes(ctx: Context, votes_since: dict[str, datetime]) -> list[str]:
     """The votes that confirm the failure: lost for detectionSeconds, and reported at this observation
     and at the one before (a vote dated back to the primary's last word still needs two samples)."""
@@ -219,11 +234,11 @@ def counted_votes(ctx: Context, votes_since: dict[str, datetime]) -> list[str]:
 def _assess(ctx: Context) -> Outcome:
     status = ctx.status
     old = status.current_primary
-    since = status.primary_lost_since or ctx.now
     votes_since = _votes(ctx, old)
+    needed = promotion_quorum(ctx, old)
+    since = min(status.primary_lost_since or ctx.now, lost_since(ctx, votes_since, needed))
     status = replace(status, primary_lost_since=since, votes_since=votes_since)
     reachable = reachable_replicas(ctx, old)
-    needed = promotion_quorum(ctx, old)
     if len(ctx.reachable_voters()) < needed:
         return recovery.on_quorum_loss(replace(ctx, status=status), f"primary {old} is not available")
     status = replace(status, quorum_lost_since=None)
