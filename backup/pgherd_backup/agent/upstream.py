@@ -25,11 +25,12 @@ import psycopg
 
 from pgherd_backup.agent.instance import Instance, describe_upstream
 from pgherd_backup.agent.seeding import MONITOR_ROLE
+from pgherd_backup.agent.supervisor import PostmasterState
 
 log = logging.getLogger("pgherd.agent")
 
 SAMPLE = 0.2  # seconds between samples: how late a lost upstream may be dated
-OPEN_RETRY = 1.0  # after a refused connection (PostgreSQL starting): each refusal is a line in its log
+OPEN_RETRY = 1.0  # after a refused connection: each refusal is a line in PostgreSQL's log
 MONITOR_RETRY = 60.0  # reading as the superuser (pgherd_monitor not replicated yet) until trying again
 APPLICATION = "pgherd-agent-upstream-watch"  # its backend in pg_stat_activity
 
@@ -118,7 +119,9 @@ class UpstreamWatch:
         """One sample when there is a replica to watch; else the connection closed (a cheap check)."""
         inst = self.inst
         since = inst.postmaster.since
-        if inst.shutting_down or inst.state.fenced or not inst.postmaster.alive or since == self._primary:
+        # Not before it accepts connections: each refusal while it starts would be a line in its log.
+        running = inst.postmaster.state is PostmasterState.RUNNING
+        if inst.shutting_down or inst.state.fenced or not running or since == self._primary:
             self._close()  # fenced, stopped, or a primary until PostgreSQL starts again (demote, rejoin)
             return
         conn = self._connection(since)
