@@ -137,3 +137,15 @@ def test_restart_method_restarts_primary_in_place_last() -> None:
     updated = [replace(m, revision=revision) for m in view.members[1:]]
     d = decide(spec, with_members(view, *updated), status)
     assert [(type(a), getattr(a, "member", None)) for a in d.actions] == [(A.RestartMember, "pg-0")]
+
+
+def test_a_request_for_any_member_takes_the_streaming_replica_with_the_most_wal() -> None:
+    from pgherd.engine.lsn import parse_lsn
+    from pgherd.engine.switchover import ANY_TARGET_WAIT, any_target, refuse_any
+
+    # by the LSN's value, not its text: "1/100" is past "0/FFFFFF00", though shorter
+    assert any_target({"m-1": parse_lsn("0/FFFFFF00"), "m-2": parse_lsn("1/100")}) == "m-2"
+    assert any_target({"m-1": 7, "m-2": 7}) == "m-2"
+    assert any_target({}) is None
+    # none streams right after a switchover: the request waits, and is refused only after the wait
+    assert not refuse_any(0.0) and not refuse_any(ANY_TARGET_WAIT - 0.1) and refuse_any(ANY_TARGET_WAIT)

@@ -130,3 +130,21 @@ def _abandon(ctx: Context, operation: Operation, phase: Phase, why: str) -> Prog
         SetPrimary(old, reason="switchover abandoned"),
     )
     return Progress(Outcome(phase, status, actions, message=f"switchover abandoned: {why}"), failed=why)
+
+
+# A request for any member waits this long for a streaming replica before it is refused: right after a
+# switchover, the old primary rejoins and the others reconnect, and none streams for a moment.
+ANY_TARGET_WAIT = 30.0
+
+
+def any_target(streaming_replicas: dict[str, int]) -> str | None:
+    """The target of `switchover-to: any`: of the replicas streaming now (name: received LSN as a number),
+    the one with the most WAL, by name on a tie; None when none streams."""
+    if not streaming_replicas:
+        return None
+    return max(streaming_replicas.items(), key=lambda item: (item[1], item[0]))[0]
+
+
+def refuse_any(waited: float) -> bool:
+    """A request for any member with no streaming replica, first seen ``waited`` seconds ago, is refused."""
+    return waited >= ANY_TARGET_WAIT

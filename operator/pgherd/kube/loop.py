@@ -31,9 +31,10 @@ from pydantic import ValidationError
 from pgherd.agentview import isolation_order
 from pgherd.api.annotations import restart_request, rotate_request
 from pgherd.api.cluster import PostgresClusterSpec
-from pgherd.engine import EngineStatus, decide
+from pgherd.engine import EngineStatus, decide, switchover
 from pgherd.engine.actions import RecordEvent
 from pgherd.engine.conditions import Condition, ConditionType, false, true
+from pgherd.engine.lsn import parse_lsn
 from pgherd.engine.plan import Decision
 from pgherd.engine.revision import spec_revision
 from pgherd.engine.status import OperationKind
@@ -132,6 +133,8 @@ class ClusterLoop:
         self.last_message: str | None = None
         self.spec_error: str | None = None
         self.expanded_to: str | None = None
+        self._any_since: float | None = None  # when a `switchover-to: any` request was first seen
+        self._any_target: str | None = None  # and the member chosen for it
         self.polled = False  # the last tick asked at least one agent
         self.objects_refused = False  # the last tick's owned objects were refused: Failed stands
         self._parsed: tuple[tuple[object, object, object], tuple[PostgresClusterSpec, str, str]] | None = None
@@ -396,21 +399,32 @@ class ClusterLoop:
         if not request:
             return None
         if request != "any":
+            self._any_since = self._any_target = None
             return str(request)
-        best = None
-        for name, status in statuses.items():
-            if status is None or status.role != Role.REPLICA.value or not status.streaming:
-                continue
-            lsn = status.received_lsn or ""
-            key = (len(lsn), lsn, name)
-            if best is None or key > best[0]:
-                best = (key, name)
-        return None if best is None else best[1]
+        if self._any_since is None:
+            self._any_since = time.monotonic()
+        if self._any_target is None:
+            # Chosen once per request: chosen again after the switchover, it would name another replica
+            # and switch over again. An operator restarted mid-switchover keeps the recorded target.
+            operation = self.engine.operation if self.engine is not None else None
+            if operation is not None and operation.kind is OperationKind.SWITCHOVER:
+                self._any_target = operation.target
+            else:
+                self._any_target = switchover.any_target(
+                    {
+                        name: parse_lsn(status.received_lsn) if status.received_lsn else 0
+                        for name, status in statuses.items()
+                        if status is not None and status.role == Role.REPLICA.value and status.streaming
+                    }
+                )
+        return self._any_target
 
     async def _clear_switchover(
         self, body: JSON, decision: Decision, target: str | None, members: set[str]
     ) -> None:
         request = (body["metadata"].get("annotations") or {}).get(names.ANNOTATION_SWITCHOVER)
+        if not request:
+            self._any_since = self._any_target = None
         if not request or not self.holding():
             return
         aborted = decision.status.aborted
@@ -423,7 +437,8 @@ class ClusterLoop:
             aborted is not None and aborted.kind is OperationKind.SWITCHOVER and aborted.target == target
         )
         unknown = target is not None and target not in members
-        if not (done or refused or unknown or target is None):
+        waited = time.monotonic() - self._any_since if self._any_since is not None else 0.0
+        if not (done or refused or unknown or (target is None and switchover.refuse_any(waited))):
             return
         if done:
             message, warning = f"switched over to {target}", False
@@ -432,7 +447,11 @@ class ClusterLoop:
         elif unknown:
             message, warning = f"switchover to {target} refused: no member of that name", True
         else:
-            message, warning = "switchover to any member refused: no streaming replica to promote", True
+            message = (
+                "switchover to any member refused: no replica streamed in "
+                f"{switchover.ANY_TARGET_WAIT:.0f}s to promote"
+            )
+            warning = True
         await self.api.patch(
             "PostgresCluster",
             self.namespace,

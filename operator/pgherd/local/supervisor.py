@@ -21,7 +21,7 @@ from pgherd.agentview import isolation_order
 from pgherd.api.annotations import rotate_request
 from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.clusterstatus import cluster_status
-from pgherd.engine import Decision, EngineStatus, decide
+from pgherd.engine import Decision, EngineStatus, decide, switchover
 from pgherd.engine.actions import Action, RecordEvent, UpdateBackup, UpdateRestore
 from pgherd.engine.lsn import parse_lsn
 from pgherd.engine.status import OperationKind
@@ -99,6 +99,7 @@ class Supervisor:
         self.last_phase: str | None = None
         self.last_message: str | None = None
         self.last_actions: set[str] = set()
+        self._any_since: float | None = None  # when a switchover request for any member was first seen
 
     def engine_status(self) -> EngineStatus:
         recorded = read_json(self.paths.status_file, {}) or {}
@@ -106,10 +107,13 @@ class Supervisor:
 
     def switchover_target(self, request: dict[str, Any] | None) -> str | None:
         if request is None:
+            self._any_since = None
             return None
         target = request.get("to")
         if target:
             return str(target)
+        if self._any_since is None:
+            self._any_since = time.monotonic()
         best = self._best_switchover_target()
         if best is not None:  # resolved once, so that the target stays put during the switchover
             request["to"] = best
@@ -120,13 +124,13 @@ class Supervisor:
         """`switchover` without --to: the streaming replica with the most WAL (the engine still checks
         that it is streaming and caught up before it promotes it)."""
         recorded = read_json(self.paths.status_file, {}) or {}
-        members = [
-            m for m in recorded.get("members", []) if m.get("role") == "replica" and m.get("streaming")
-        ]
-        if not members:
-            return None
-        best = max(members, key=lambda m: (_received(m), m.get("name")))
-        return str(best["name"])
+        return switchover.any_target(
+            {
+                str(m["name"]): _received(m)
+                for m in recorded.get("members", [])
+                if m.get("role") == "replica" and m.get("streaming")
+            }
+        )
 
     def run(self) -> None:
         ensure_s3(self.paths, self.state)
@@ -212,7 +216,8 @@ class Supervisor:
         refused = (
             aborted is not None and aborted.kind is OperationKind.SWITCHOVER and aborted.target == target
         )
-        if done or refused or target is None:
+        waited = time.monotonic() - self._any_since if self._any_since is not None else 0.0
+        if done or refused or (target is None and switchover.refuse_any(waited)):
             result = "done" if done else ("refused: " + (aborted.failed or "") if aborted else "no candidate")
             write_json(
                 self.paths.objects / "switchover-result.json",
