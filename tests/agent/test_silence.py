@@ -141,3 +141,37 @@ def test_the_watch_samples_a_replica_only_and_stops_at_its_promotion(agents):
     replica.client.promote()
     replica.wait_until(lambda: replica.value(watching) == 0, "the watch's connection closed", timeout=5)
     assert replica.status().upstream_silent_seconds is None
+
+
+GRACE = 3.0
+
+
+def test_a_replica_that_lost_its_primary_keeps_serving_reads_for_the_route_grace(agents):
+    """/readyz (the kubelet's: the -ro Service's endpoints) keeps a replica whose primary just died for
+    --route-grace, while its /status `ready` (the operator's) says at once that it does not stream; once
+    the grace has passed, /readyz says not ready too."""
+    primary = agents.primary(MEMBERS[0])
+    replica = agents(
+        MEMBERS[1], "--seed", "basebackup", "--upstream", primary.address, "--route-grace", f"{GRACE:g}"
+    )
+    replica.wait_streaming()
+    assert replica.client.probe("readyz") == 200
+    assert primary.process is not None
+    primary.signal(signal.SIGSTOP)  # its agent would start PostgreSQL again at once (a crash)
+    try:
+        postmaster = int((primary.pgdata / "postmaster.pid").read_text().split()[0])
+        killed = time.monotonic()
+        os.kill(postmaster, signal.SIGKILL)
+        replica.wait_until(lambda: not replica.status().streaming, "the receiver gone", timeout=10)
+        served: list[int] = []
+        while time.monotonic() < killed + GRACE - 0.7:  # the probe's view may be 0.5 s old
+            served.append(replica.client.probe("readyz"))
+            assert not replica.status().ready  # the operator's view: not streaming
+            time.sleep(0.2)
+        assert served and set(served) == {200}, served
+        replica.wait_until(
+            lambda: replica.client.probe("readyz") == 503, "not ready after the grace", timeout=5
+        )
+        assert time.monotonic() - killed >= GRACE
+    finally:
+        primary.signal(signal.SIGCONT)

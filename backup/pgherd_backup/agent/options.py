@@ -82,6 +82,8 @@ class AgentOptions:
     grace_period: float = 30.0
     terminate_wait: float | None = None
     ready_lag_bytes: int = 16 << 20
+    # /readyz keeps a replica that lost its upstream this long (status.serving)
+    route_grace: float = 10.0
     pg_log: Path | None = None
     start_timeout: float = 120.0
     state_dir: Path | None = None

@@ -320,7 +320,7 @@ class AgentServer:
         if sample is None or sample.age > READY_STALE or sample.key != self.view.key():
             ready, why = False, "PostgreSQL's state is being read"
         else:
-            ready, why = sample.ready, sample.ready_detail
+            ready, why = sample.serving, sample.serving_detail
         return (200 if ready else 503), {"status": "ready" if ready else "not ready", "detail": why}
 
     # -- the operator's endpoints: in threads, once authorized -----------------------------------------

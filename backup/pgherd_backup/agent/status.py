@@ -163,6 +163,25 @@ def readiness(inst: Instance, live: Live | None) -> tuple[bool, str]:
     return True, "replica streaming"
 
 
+def serving(inst: Instance, live: Live | None) -> tuple[bool, str]:
+    """What /readyz answers the kubelet: ready, or a replica that lost its upstream less than
+    --route-grace ago and replayed what it received. Through a failover the replicas then stay in the
+    -ro Service: their leaving would make kube-proxy sync its rules, and the -rw Service's change that
+    follows the promotion would wait for its next sync (its min-sync-period, 1 s by default: 0.4-0.6 s
+    of a back-off failover on localkube). The operator's `ready` (/status) stays the strict one."""
+    ready, why = readiness(inst, live)
+    if ready or live is None or not live.in_recovery or inst.state.fenced or live.streaming:
+        return ready, why
+    silence = upstream_silence(inst, live)
+    lag = (live.received or 0) - (live.replayed or 0)
+    if silence is None or silence > inst.options.route_grace or lag > inst.options.ready_lag_bytes:
+        return ready, why
+    return (
+        True,
+        f"replica; its upstream silent for {silence:.1f}s (reads served for {inst.options.route_grace:g}s)",
+    )
+
+
 def _fmt(value: int | None) -> str | None:
     return None if value is None else format_lsn(value)
 

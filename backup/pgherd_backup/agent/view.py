@@ -41,6 +41,8 @@ class Sample:
     error: str | None
     ready: bool
     ready_detail: str
+    serving: bool  # what /readyz answers (status.serving)
+    serving_detail: str
     healthy: bool
     health_detail: str
     key: tuple[object, ...]  # what the member's state was keyed on (see Shared.key)
@@ -161,6 +163,7 @@ class View(Shared[Sample]):
     def _sample(self, live: status.Live | None, error: str | None, key: tuple[object, ...]) -> Sample:
         inst = self.inst
         ready, ready_detail = status.readiness(inst, live)
+        serving, serving_detail = status.serving(inst, live)
         healthy, health_detail = inst.healthy()
         return Sample(
             taken_at=time.monotonic(),
@@ -169,6 +172,8 @@ class View(Shared[Sample]):
             error=error,
             ready=ready,
             ready_detail=ready_detail,
+            serving=serving,
+            serving_detail=serving_detail,
             healthy=healthy,
             health_detail=health_detail,
             key=key,

@@ -201,7 +201,7 @@ class Status(Wire):
     role: str = "unknown"  # primary | replica | unknown
     postmaster: str = "stopped"  # running | stopped | crashed | starting
     postmaster_since: str | None = None  # ISO 8601, UTC
-    ready: bool = False  # what /readyz answers
+    ready: bool = False  # accepting in its role, a replica streaming (/readyz also keeps a replica that lost its upstream a moment ago)
     timeline: int | None = None
     received_lsn: str | None = None
     replayed_lsn: str | None = None

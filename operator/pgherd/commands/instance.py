@@ -116,6 +116,12 @@ def _register_run(commands: argparse._SubParsersAction[argparse.ArgumentParser])
     )
     add("--ready-lag-bytes", kind=int, default=16 << 20, help="/readyz: most replay lag of a ready replica")
     add(
+        "--route-grace",
+        kind=float,
+        default=10.0,
+        help="/readyz: seconds a replica that lost its upstream keeps serving reads (its /status ready is false)",
+    )
+    add(
         "--metrics-port",
         kind=int,
         default=9187,
@@ -273,6 +279,7 @@ def _run(args: argparse.Namespace) -> int:
             grace_period=args.grace_period,
             terminate_wait=args.terminate_wait,
             ready_lag_bytes=args.ready_lag_bytes,
+            route_grace=args.route_grace,
             pg_log=args.pg_log,
             start_timeout=args.start_timeout,
             state_dir=args.state_dir,
