@@ -27,6 +27,27 @@ def test_busy_pace_only_while_agents_answer_what_an_operation_waits_for() -> Non
     assert loop.interval() == 2.0
 
 
+def test_a_lost_primary_is_looked_at_again_when_its_detection_ends() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from pgherd.engine import EngineStatus
+
+    loop = _loop()
+    loop.last_phase, loop.polled = "Degraded", True
+    body = {
+        "metadata": {"name": "c", "namespace": "ns", "generation": 1},
+        "spec": {"failover": {"detectionSeconds": 3}},
+    }
+    loop._spec(body)  # the parsed spec, as a tick keeps it
+    lost = datetime.now(UTC) - timedelta(seconds=2.9)  # the replicas lost it 2.9 s ago
+    loop.engine = EngineStatus(primary_lost_since=lost)
+    assert 0.05 < loop.interval() < 0.3  # the end of detection, not the busy pace after it
+    loop.engine = EngineStatus(primary_lost_since=lost - timedelta(seconds=1))  # already due
+    assert loop.interval() == 0.3
+    loop.engine = EngineStatus(primary_lost_since=lost + timedelta(seconds=2))
+    assert loop.interval() == 0.3  # further than the pace
+
+
 def test_the_loops_own_status_writes_do_not_wake_it() -> None:
     async def scenario() -> list[bool]:
         wakeups = Wakeups()

@@ -59,6 +59,8 @@ log = logging.getLogger("pgherd.kube.loop")
 
 STEADY_INTERVAL = 2.0
 BUSY_INTERVAL = 0.3
+# A tick due when a failure is confirmed comes this much later: the statuses it reads must show it.
+DETECTION_SLACK = 0.02
 # The user's certificate Secrets (spec.tls) are read again, by name, this often (seconds): the operator
 # may not list or watch Secrets, and cert-manager renews weeks ahead of expiry.
 CERTIFICATE_SECRETS_INTERVAL = 10.0
@@ -155,7 +157,24 @@ class ClusterLoop:
         """Fast while something is in flight and agents answer what it waits for (their /status changes
         raise no watch event); otherwise steady: what it waits for then (pods, Jobs, the spec) wakes it."""
         busy = self.last_phase not in (None, "Running", "Paused") and self.polled
-        return self.config.busy_interval if busy else self.config.steady_interval
+        interval = self.config.busy_interval if busy else self.config.steady_interval
+        due = self._detection_due()
+        return interval if due is None else min(interval, due)
+
+    def _detection_due(self) -> float | None:
+        """Seconds until a lost primary has been lost for detectionSeconds, while that is ahead: the
+        tick then comes when the failure is confirmed, not up to an interval after (failover.lost_since)."""
+        engine, parsed = self.engine, self._parsed
+        if (
+            engine is None
+            or parsed is None
+            or engine.operation is not None
+            or engine.primary_lost_since is None
+        ):
+            return None
+        detection = parsed[1][0].failover.detection_seconds
+        due = (engine.primary_lost_since - datetime.now(UTC)).total_seconds() + detection
+        return due + DETECTION_SLACK if due > 0 else None
 
     async def tick(self) -> None:
         if not self.holding():
