@@ -163,13 +163,14 @@ def readiness(inst: Instance, live: Live | None) -> tuple[bool, str]:
     return True, "replica streaming"
 
 
-def serving(inst: Instance, live: Live | None) -> tuple[bool, str]:
+def serving(inst: Instance, live: Live | None, readied: tuple[bool, str]) -> tuple[bool, str]:
     """What /readyz answers the kubelet: ready, or a replica that lost its upstream less than
     --route-grace ago and replayed what it received. Through a failover the replicas then stay in the
     -ro Service: their leaving would make kube-proxy sync its rules, and the -rw Service's change that
     follows the promotion would wait for its next sync (its min-sync-period, 1 s by default: 0.4-0.6 s
-    of a back-off failover on localkube). The operator's `ready` (/status) stays the strict one."""
-    ready, why = readiness(inst, live)
+    of a back-off failover on localkube). The operator's `ready` (/status) stays the strict one;
+    `readied` is readiness(inst, live), taken once by the caller."""
+    ready, why = readied
     if ready or live is None or not live.in_recovery or inst.state.fenced or live.streaming:
         return ready, why
     silence = upstream_silence(inst, live)

@@ -24,14 +24,13 @@ from typing import Any
 import psycopg
 
 from pgherd_backup.agent.instance import Instance, describe_upstream
-from pgherd_backup.agent.seeding import MONITOR_ROLE
+from pgherd_backup.agent.monitorlogin import MonitorLogin
 from pgherd_backup.agent.supervisor import PostmasterState
 
 log = logging.getLogger("pgherd.agent")
 
 SAMPLE = 0.2  # seconds between samples: how late a lost upstream may be dated
 OPEN_RETRY = 1.0  # after a refused connection: each refusal is a line in PostgreSQL's log
-MONITOR_RETRY = 60.0  # reading as the superuser (pgherd_monitor not replicated yet) until trying again
 APPLICATION = "pgherd-agent-upstream-watch"  # its backend in pg_stat_activity
 
 # One row whatever the receiver's state; the silence is null without a receiver (or before its first
@@ -89,7 +88,9 @@ class UpstreamWatch:
         self._conn_of: datetime | None = None  # the postmaster (its `since`) the connection is to
         self._primary: datetime | None = None  # a primary (not in recovery) since this postmaster start
         self._open_after = 0.0
-        self._superuser_until = 0.0  # reading as the superuser until then
+        self._login = MonitorLogin(
+            inst, "the WAL receiver's watch", statement_timeout=1, application=APPLICATION
+        )
         self._failing = False  # an unexpected error was logged: not again until a sample succeeds
 
     def start(self) -> UpstreamWatch:
@@ -146,7 +147,7 @@ class UpstreamWatch:
 
     def _connection(self, since: datetime) -> psycopg.Connection[Any] | None:
         now = time.monotonic()
-        if self._conn is not None and (self._conn_of != since or self._superuser_until_passed(now)):
+        if self._conn is not None and (self._conn_of != since or self._login.retry_due()):
             self._close()
         if self._conn is None and now >= self._open_after:
             try:
@@ -156,22 +157,12 @@ class UpstreamWatch:
                 self._open_after = now + OPEN_RETRY  # not accepting connections yet
         return self._conn
 
-    def _superuser_until_passed(self, now: float) -> bool:
-        return bool(self._superuser_until) and now >= self._superuser_until
-
     def _open(self) -> psycopg.Connection[Any]:
-        inst = self.inst
         try:
-            conn = inst.open_local(timeout=1, statement_timeout=1, user=MONITOR_ROLE, application=APPLICATION)
-        except psycopg.OperationalError:
+            return self._login.as_monitor()
+        except psycopg.OperationalError as exc:
             # A replica before its primary's agent created the role: its rights are the superuser's too.
-            conn = inst.open_local(timeout=1, statement_timeout=1, application=APPLICATION)
-            if not self._superuser_until:
-                log.info("the WAL receiver's watch reads as the superuser until %s can log in", MONITOR_ROLE)
-            self._superuser_until = time.monotonic() + MONITOR_RETRY
-            return conn
-        self._superuser_until = 0.0
-        return conn
+            return self._login.as_superuser(exc)
 
     def _close(self) -> None:
         conn, self._conn = self._conn, None

@@ -20,15 +20,13 @@ import psycopg
 
 from pgherd_backup.agent import status
 from pgherd_backup.agent.instance import Instance
+from pgherd_backup.agent.monitorlogin import MonitorLogin
 from pgherd_backup.agent.seeding import MONITOR_ROLE, ensure_monitor_role, ensure_rewind_grants
 from pgherd_backup.agent.supervisor import PostmasterState
 
 log = logging.getLogger("pgherd.agent")
 
 FRESH = 1.0  # a sample younger than this is answered as it is
-# When pgherd_monitor cannot log in (a replica whose primary has not created it yet, every connection slot
-# but the superuser's taken), the view reads as the superuser, and tries pgherd_monitor again this often.
-MONITOR_RETRY = 60.0
 
 
 @dataclass(frozen=True)
@@ -143,7 +141,7 @@ class View(Shared[Sample]):
     def __init__(self, inst: Instance, fresh: float = FRESH) -> None:
         super().__init__(inst, fresh)
         self._conn: psycopg.Connection[Any] | None = None  # used by the refreshing thread only
-        self._superuser_until = 0.0  # reading as the superuser until then (see MONITOR_RETRY)
+        self._login = MonitorLogin(inst, "the probes", statement_timeout=1.5)
 
     def _take(self, key: tuple[object, ...]) -> Sample:
         if not self.inst.postmaster.alive:
@@ -163,7 +161,7 @@ class View(Shared[Sample]):
     def _sample(self, live: status.Live | None, error: str | None, key: tuple[object, ...]) -> Sample:
         inst = self.inst
         ready, ready_detail = status.readiness(inst, live)
-        serving, serving_detail = status.serving(inst, live)
+        serving, serving_detail = status.serving(inst, live, (ready, ready_detail))
         healthy, health_detail = inst.healthy()
         return Sample(
             taken_at=time.monotonic(),
@@ -180,18 +178,19 @@ class View(Shared[Sample]):
         )
 
     def _connection(self) -> psycopg.Connection[Any]:
-        if self._conn is not None and self._superuser_until and time.monotonic() >= self._superuser_until:
+        if self._conn is not None and self._login.retry_due():
             self._close()  # time to try pgherd_monitor again
         if self._conn is None or self._conn.closed:
             self._conn = self._open()
         return self._conn
 
     def _open(self) -> psycopg.Connection[Any]:
+        login = self._login
         try:
-            return self._open_as_monitor()
+            return login.as_monitor()
         except psycopg.OperationalError as exc:
             refused = _first_line(exc, last=True)
-        conn = self.inst.open_local(timeout=1, statement_timeout=1.5)  # PostgreSQL does not answer: raised
+        conn = login.connect(None)  # PostgreSQL does not answer: raised
         try:
             ensure_monitor_role(conn)
             if self.inst.options.replication_role != self.inst.options.superuser:
@@ -199,27 +198,13 @@ class View(Shared[Sample]):
         except psycopg.Error as exc:
             log.warning("could not create the role %s: %s", MONITOR_ROLE, _first_line(exc))
         try:
-            monitor = self._open_as_monitor()  # created just now, or refused for a moment (a start)
+            monitor = login.as_monitor()  # created just now, or refused for a moment (a start)
         except psycopg.OperationalError as exc:
             refused = _first_line(exc, last=True)
         else:
             conn.close()
             return monitor
-        if not self._superuser_until:
-            log.warning(
-                "the probes read PostgreSQL as the superuser for now: %s cannot log in (%s); on a replica "
-                "it comes by replication once the primary's agent has created it",
-                MONITOR_ROLE,
-                refused,
-            )
-        self._superuser_until = time.monotonic() + MONITOR_RETRY
-        return conn
-
-    def _open_as_monitor(self) -> psycopg.Connection[Any]:
-        conn = self.inst.open_local(timeout=1, statement_timeout=1.5, user=MONITOR_ROLE)
-        if self._superuser_until:
-            log.info("the probes read PostgreSQL as %s again", MONITOR_ROLE)
-            self._superuser_until = 0.0
+        login.fell_back(refused)
         return conn
 
     def _close(self) -> None:
