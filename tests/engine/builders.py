@@ -93,7 +93,9 @@ def settled(
         if i == primary_ordinal:
             members.append(replace(primary(i, spec, lsns.get(i, 1000)), sync=config))
         else:
-            members.append(replica(i, spec, lsns.get(i, 1000), upstream=primary_name))
+            # A voting replica carries the sync standbys it would need as the primary (upkeep sets them).
+            ready = steady_config(voters, name(i), spec.replication_mode.value == "quorum")
+            members.append(replace(replica(i, spec, lsns.get(i, 1000), upstream=primary_name), sync=ready))
     view = ClusterView(CLUSTER, NOW, tuple(members), rw_member=primary_name)
     status = EngineStatus(
         initialized=True,

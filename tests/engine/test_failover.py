@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import timedelta
+from unittest.mock import ANY
 
 from pgherd.api.cluster import Phase, PostgresClusterSpec
 from pgherd.engine import ClusterView, EngineStatus, Role, decide
 from pgherd.engine import actions as A
 from pgherd.engine.conditions import ConditionType
+from pgherd.engine.quorum import SyncConfig, steady_config
 from pgherd.engine.view import MemberView
 
 from .builders import down, later, lost_primary, make_spec, settled, with_members
@@ -29,6 +31,30 @@ def test_healthy_cluster_is_running_with_no_action() -> None:
     assert decision.actions == ()
     ready = decision.condition(ConditionType.READY)
     assert ready is not None and ready.status is True
+
+
+def test_each_voting_replica_is_given_the_sync_standbys_it_would_need_as_the_primary() -> None:
+    """Set ahead, outside any write outage: a failover's promotion is then one agent call."""
+    spec, view, status = settled()
+    bare = with_members(view, replace(view.members[1], sync=None), replace(view.members[2], sync=None))
+    decision = decide(spec, bare, status)
+    assert decision.phase is Phase.RUNNING
+    assert decision.actions == (
+        A.SetSynchronousStandbys("pg-1", steady_config(status.voters, "pg-1", quorum=True), reason=ANY),
+        A.SetSynchronousStandbys("pg-2", steady_config(status.voters, "pg-2", quorum=True), reason=ANY),
+    )
+    assert decision.status == status  # nothing about the primary's quorum changes
+    # Not while the primary's own sync standbys change (the voters may be about to).
+    pending = replace(status, sync_pending=SyncConfig(2, frozenset({"pg-1", "pg-2"})))
+    assert not [
+        a
+        for a in decide(spec, bare, pending).actions
+        if isinstance(a, A.SetSynchronousStandbys) and a.member != "pg-0"
+    ]
+    # Asynchronous replication: nothing to prepare.
+    async_spec, async_view, async_status = settled(make_spec(replication={"mode": "async"}))
+    plain = with_members(async_view, *(replace(m, sync=None) for m in async_view.members[1:]))
+    assert decide(async_spec, plain, async_status).actions == ()
 
 
 def test_failure_is_confirmed_for_detection_seconds_first() -> None:
@@ -78,15 +104,21 @@ def test_failover_fences_then_promotes_the_member_with_most_wal() -> None:
     assert decision.status.operation is not None and decision.status.operation.step == "fence"
     fenced = with_members(later(view, 6), replace(view.members[0], fenced=True, stopped=True))
     promote = decide(spec, fenced, decision.status)
+    # The target carries the sync standbys it needs as the primary already (upkeep set them): the
+    # promotion is one agent call.
     kinds = [type(a) for a in promote.actions]
-    assert kinds == [A.SetSynchronousStandbys, A.Rejoin, A.Promote]
-    assert promote.actions[2].member == "pg-2"  # type: ignore[union-attr]
+    assert kinds == [A.Rejoin, A.Promote]
+    assert promote.actions[1].member == "pg-2"  # type: ignore[union-attr]
     # The other replica follows the member being promoted before the promotion (it holds less WAL: no
     # rewind), as a cascading standby that follows the timeline switch.
-    early = promote.actions[1]
+    early = promote.actions[0]
     assert isinstance(early, A.Rejoin) and (early.member, early.upstream) == ("pg-1", "pg-2")
+    # A target without them (never set, or set for other voters) gets them first.
+    unset = with_members(fenced, replace(fenced.members[2], sync=None))
+    promote = decide(spec, unset, decision.status)
+    assert [type(a) for a in promote.actions] == [A.SetSynchronousStandbys, A.Rejoin, A.Promote]
     sync = promote.actions[0]
-    assert isinstance(sync, A.SetSynchronousStandbys)
+    assert isinstance(sync, A.SetSynchronousStandbys) and sync.member == "pg-2"
     assert sync.config.standbys == {"pg-0", "pg-1"} and sync.config.k == 1
 
 

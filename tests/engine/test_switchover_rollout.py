@@ -14,7 +14,8 @@ from .builders import later, make_spec, settled, with_members
 
 def test_requested_switchover_drains_then_promotes_caught_up_target() -> None:
     spec, view, status = settled()
-    view = replace(view, switchover_to="pg-1")
+    # pg-1 without the sync standbys upkeep sets on a voting replica ahead of any promotion.
+    view = replace(with_members(view, replace(view.members[1], sync=None)), switchover_to="pg-1")
     d1 = decide(spec, view, status)
     assert d1.phase is Phase.SWITCHING_OVER
     # While pg-0 drains, pg-1 gets its sync standbys and pg-2 follows it (a cascading standby): the

@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from pgherd.api.cluster import Phase, PostgresClusterSpec
 from pgherd.engine import backups, bootstrap, failover, membership, recovery, rollout, switchover, upgrade
-from pgherd.engine.actions import RecordEvent
+from pgherd.engine.actions import RecordEvent, SetSynchronousStandbys
 from pgherd.engine.conditions import Condition, ConditionType, false, true
 from pgherd.engine.context import Context, Outcome
 from pgherd.engine.narrate import narrate
@@ -193,7 +193,14 @@ def _switchover(ctx: Context, target: str | None, why: str) -> Outcome:
 def _merge(base: Outcome, top: Outcome) -> Outcome:
     phase = base.phase if top.phase is Phase.RUNNING else top.phase
     message = "; ".join(m for m in (top.message, base.message) if m)
-    return Outcome(phase, top.status, base.actions + top.actions, message)
+    # A replica's sync standbys set ahead (upkeep) and again by the switchover preparing it: sent once.
+    ahead = {(a.member, a.config) for a in top.actions if isinstance(a, SetSynchronousStandbys)}
+    kept = tuple(
+        a
+        for a in base.actions
+        if not (isinstance(a, SetSynchronousStandbys) and (a.member, a.config) in ahead)
+    )
+    return Outcome(phase, top.status, kept + top.actions, message)
 
 
 def _quorum_commit(ctx: Context) -> Condition:

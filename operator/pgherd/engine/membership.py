@@ -26,7 +26,7 @@ from pgherd.engine.actions import (
     SetSynchronousStandbys,
 )
 from pgherd.engine.context import Context, Outcome, data_lost
-from pgherd.engine.quorum import SyncStep, VotersStep, check, majority, next_step
+from pgherd.engine.quorum import SyncStep, VotersStep, check, majority, next_step, steady_config
 from pgherd.engine.status import EngineStatus
 from pgherd.engine.view import MemberView, Role
 
@@ -103,6 +103,26 @@ def _quorum(ctx: Context, primary: MemberView) -> tuple[EngineStatus, list[Actio
         status = replace(status, sync_pending=step.config)
         return status, [SetSynchronousStandbys(primary.name, step.config, reason="quorum membership change")]
     raise AssertionError("the quorum resolver did not converge")
+
+
+def ready_to_promote(ctx: Context, status: EngineStatus, primary: str) -> list[Action]:
+    """Each voting replica carries the synchronous standbys it would need as the primary (a standby
+    ignores them), so that a failover's promotion is one agent call: setting them there, inside the
+    write outage, took 0.1-0.3 s of it on localkube. promote_step still sets them when they differ."""
+    if not ctx.quorum_mode:
+        return []
+    return [
+        SetSynchronousStandbys(m.name, config, reason=f"ready to take over from {primary}")
+        for m in ctx.healthy_replicas()
+        if m.name in status.voters
+        and m.name != ctx.kept_member
+        and m.sync != (config := steady_config(status.voters, m.name, quorum=True))
+    ]
+
+
+def _prepares(action: Action, primary: str) -> bool:
+    """A replica's synchronous standbys set ahead of a promotion: upkeep, not a change in flight."""
+    return isinstance(action, SetSynchronousStandbys) and action.member != primary
 
 
 def _holds_older_commits(status: EngineStatus, member: MemberView | None) -> bool:
@@ -237,10 +257,13 @@ def upkeep(ctx: Context, reclone: frozenset[str] = frozenset()) -> Upkeep:
         actions.append(DeleteMember(member.name, keep_data=member.kept_aside > 0, reason="scale down"))
         actions.append(DropReplicationSlot(primary.name, member.name, reason="scale down"))
         notes.append(f"deleting {member.name}")
+    ready = not quorum_actions and status.sync_pending is None
+    # Last: a refusal of one of these never holds back the actions before them in the same pass.
+    actions += ready_to_promote(ctx, status, primary.name) if ready else []
     expected = set(ctx.expected_names()) - {kept}
     healthy = {m.name for m in ctx.healthy_replicas()} | {primary.name}
     settled = (
-        not actions
+        not [a for a in actions if not _prepares(a, primary.name)]
         and not unrouted
         and status.sync_pending is None
         and expected <= healthy
