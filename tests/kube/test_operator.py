@@ -715,3 +715,53 @@ def test_a_loop_keeps_no_write_history(kube: Kube, namespace: str, chart_operato
         secret = loop.owned._agent_secret
         assert secret is not None and secret["data"] and "managedFields" not in secret["metadata"]
         assert loop.owned._decoded is None
+
+
+def test_a_settled_tick_builds_no_status_document_until_an_input_changes(
+    kube: Kube, namespace: str, chart_operator: ChartIdentity, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A settled loop's tick (the engine's decision, the members, the certificates and the stored status
+    as they were) reuses the status compared last: no document is built or compared at every tick of
+    thousands of clusters. A spec change is still written, and its metrics follow."""
+    from pgherd.kube import loop as loop_module
+    from pgherd.kube import metrics
+
+    ns = namespace
+    kube.create(cluster_manifest(ns, instances=3))
+    built: list[int] = [0]
+    build = loop_module.cluster_status
+
+    def counted(*args: Any, **kwargs: Any) -> JSON:
+        built[0] += 1
+        return build(*args, **kwargs)
+
+    def ticks_done() -> float:
+        return metrics.REGISTRY.get_sample_value("pgherd_reconcile_duration_seconds_count") or 0.0
+
+    monkeypatch.setattr(loop_module, "cluster_status", counted)
+    with running_as(chart_operator) as operator:
+        eventually(
+            lambda: (kube.read("statefulsets", ns, "hippo") or {}).get("spec", {}).get("replicas"),
+            what="the first member ordered",
+        )
+        cluster_with_status(kube, ns, "certificates", "status.certificates")
+        time.sleep(0.5)
+        before, ticks = built[0], ticks_done()
+        time.sleep(1.0)  # ticks every 0.2 s
+        assert ticks_done() >= ticks + 3
+        assert built[0] == before, built
+        figures = metrics.CLUSTERS.figures(ns, "hippo")
+        assert figures.phase
+        kube.merge("postgresclusters", ns, "hippo", {"spec": {"instances": 5}})
+        eventually(
+            lambda: (
+                (c := kube.read("postgresclusters", ns, "hippo"))
+                and (c.get("status") or {}).get("observedGeneration") == c["metadata"]["generation"] > 1
+            ),
+            what="observedGeneration to catch up",
+        )
+        assert built[0] > before
+        loop = operator.loops[(ns, "hippo")]
+        assert loop.status_doc is not None and loop.status_doc["observedGeneration"] == 2
+        conditions = {c["type"]: c["status"] == "True" for c in loop.status_doc["conditions"]}
+        assert figures.conditions == conditions

@@ -96,3 +96,40 @@ def test_each_failover_and_switchover_is_counted_once() -> None:
     assert metrics.SWITCHOVERS.labels(ns, name)._value.get() == 1
     assert metrics.BACKUP_FAILURES.labels(ns, name)._value.get() == 2
     metrics.CLUSTERS.forget(ns, name)
+
+
+def test_a_forgotten_clusters_counters_start_again_at_zero() -> None:
+    """Each cluster's counters are looked up once (not at every tick); a cluster forgotten (its loop
+    stopped) and seen again has its series again, from 0."""
+    ns, name = "metrics-unit-forget", "hippo"
+    began = datetime.now(UTC)
+    record = {"phase": "FailingOver", "conditions": [], "instances": 3, "readyInstances": 2}
+    metrics.record(
+        ns,
+        name,
+        record,
+        last_backup_at=None,
+        schedule=False,
+        operation=("Failover", began),
+        failed_backups=[],
+    )
+    assert (
+        metrics.REGISTRY.get_sample_value("pgherd_failovers_total", {"namespace": ns, "cluster": name}) == 1
+    )
+    metrics.CLUSTERS.forget(ns, name)
+    assert (
+        metrics.REGISTRY.get_sample_value("pgherd_failovers_total", {"namespace": ns, "cluster": name})
+        is None
+    )
+    metrics.record(
+        ns, name, record, last_backup_at=None, schedule=False, operation=None, failed_backups=["x"]
+    )
+    assert (
+        metrics.REGISTRY.get_sample_value("pgherd_failovers_total", {"namespace": ns, "cluster": name}) == 0
+    )
+    assert (
+        metrics.REGISTRY.get_sample_value("pgherd_backup_failures_total", {"namespace": ns, "cluster": name})
+        == 1
+    )
+    assert metrics.CLUSTERS.figures(ns, name) is metrics.CLUSTERS.figures(ns, name)
+    metrics.CLUSTERS.forget(ns, name)

@@ -139,6 +139,9 @@ class ClusterLoop:
         self._any_target: str | None = None  # and the member chosen for it
         self.polled = False  # the last tick asked at least one agent
         self.objects_refused = False  # the last tick's owned objects were refused: Failed stands
+        # The inputs of the status document last compared with (or written as) `status_doc`, and that
+        # status: while both stand, the document is the same (`tick`).
+        self._settled_status: tuple[JSON, tuple[object, ...]] | None = None
         self._parsed: tuple[tuple[object, object, object], tuple[PostgresClusterSpec, str, str]] | None = None
         self.crash_point = CrashPoint.from_env()  # tests only (crashpoint.py)
 
@@ -238,15 +241,38 @@ class ClusterLoop:
         assert self.engine is not None
         decision = decide(spec, view, self.engine)
         problems = pod_problems(objects)
-        document = cluster_status(
-            decision,
-            view,
-            self.status_doc or {},
-            image=image,
-            statuses=statuses,
-            extra=[pods_healthy(problems), certificates_valid(certificates, datetime.now(UTC))],
-            certificates=certificates.records(),
+        extra = (pods_healthy(problems), certificates_valid(certificates, datetime.now(UTC)))
+        records = certificates.records()
+        # What the status document is made of: equal to the last tick's, and with the status it was
+        # compared with (or written as) still the one stored, the document is that one again, neither
+        # built nor compared (a settled loop's tick, at every tick of thousands of clusters).
+        inputs = (
+            decision.phase,
+            decision.message,
+            decision.conditions,
+            decision.status,
+            view.cluster,
+            view.generation,
+            view.members,
+            view.backups,
+            image,
+            statuses,
+            extra,
+            records,
         )
+        settled = self._settled_status
+        same = settled is not None and settled[0] is self.status_doc and settled[1] == inputs
+        document: JSON | None = None
+        if not same:
+            document = cluster_status(
+                decision,
+                view,
+                self.status_doc or {},
+                image=image,
+                statuses=statuses,
+                extra=extra,
+                certificates=records,
+            )
         reconciled = False
         if self.objects_refused:
             # The Failed status stands until the owned objects pass: writing the engine's status first
@@ -254,7 +280,7 @@ class ClusterLoop:
             if not self.holding() or not await self._reconcile_objects(body, spec, image, revision, objects):
                 return
             self.objects_refused, reconciled = False, True
-        if self.status_doc is None or not unchanged(document, self.status_doc):
+        if document is not None and (self.status_doc is None or not unchanged(document, self.status_doc)):
             if not self.holding():
                 return
             await self.api.patch(
@@ -266,11 +292,15 @@ class ClusterLoop:
                 answer=False,  # the cluster as written: parsing it cost more than the write
             )
             self.status_doc = {**(self.status_doc or {}), **document}
+        assert self.status_doc is not None
+        self._settled_status = (self.status_doc, inputs)
         self.engine = decision.status
         self._log_phase(decision)
         for event in decision.events:  # what the engine decided, told once: its memory moved on
             await self.events.post(body, event)
-        self._record_metrics(document, view, spec, decision, objects, certificates)
+        # The status as written or found unchanged: the figures' keys (phase, conditions' status,
+        # instances) are the document's.
+        self._record_metrics(self.status_doc, view, spec, decision, objects, certificates)
         for problem in problems:  # an Event each (the same one is not posted again for 5 minutes)
             await self.events.record(body, RecordEvent(problem.reason, problem.describe(), warning=True))
         if not reconciled and not await self._reconcile_objects(body, spec, image, revision, objects):
@@ -352,7 +382,7 @@ class ClusterLoop:
         metrics.record(
             self.namespace,
             self.name,
-            {**(self.status_doc or {}), **document},
+            document,
             last_backup_at=max(completed) if completed else None,
             schedule=spec.backup is not None and spec.backup.schedule is not None,
             operation=None if operation is None else (operation.kind.value, operation.started_at),
