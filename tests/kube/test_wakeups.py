@@ -103,3 +103,24 @@ def test_kopfs_own_annotations_do_not_wake_the_loop_a_switchover_request_does() 
         return woken
 
     assert asyncio.run(scenario()) == [True, False, False, False, True]
+
+
+def test_the_body_a_loop_reads_and_the_diff_base_keys_are_kopfs() -> None:
+    """Both made cheaply (the body's top level copied at once, the diff-base annotation's names formed
+    once), each as kopf's own would be."""
+    import kopf
+
+    from pgherd.kube import names
+    from pgherd.kube.handlers import ConstantDiffBase, _plain
+
+    raw: dict[str, Any] = {"metadata": {"name": "c", "annotations": {"a": "b"}}, "spec": {"instances": 3}}
+    body = kopf.Body(raw)
+    plain = _plain(body)
+    assert plain == raw and plain is not raw and plain["metadata"] is raw["metadata"]
+    raw["spec"] = {"instances": 4}  # the next watch event's object: the copy taken before stays
+    assert plain["spec"] == {"instances": 3}
+    ours = ConstantDiffBase(prefix=names.PROGRESS_PREFIX, key="last-handled-configuration")
+    theirs = kopf.AnnotationsDiffBaseStorage(prefix=names.PROGRESS_PREFIX, key="last-handled-configuration")
+    assert list(ours.make_keys(ours.key, body=body)) == list(theirs.make_keys(theirs.key, body=body))
+    assert ours.make_keys(ours.key, body=body) is ours.make_keys(ours.key, body=body)
+    assert ours.fetch(body=body) is None and ours.build(body=body) == {}

@@ -83,12 +83,33 @@ class ConstantDiffBase(kopf.AnnotationsDiffBaseStorage):
     def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
         return {}
 
+    def make_keys(self, key: str, *, body: kopf.Body | None = None) -> Iterable[str]:
+        """The annotation's names, formed once (kopf forms them, a hash included, to look the stored
+        essence up on every watch event of every cluster)."""
+        marked = key if body is None else self.mark_key(key, body=body)
+        keys = self._keys.get(marked)
+        if keys is None:
+            keys = self._keys[marked] = tuple(super().make_keys(marked))
+        return keys
+
+    _keys: dict[str, tuple[str, ...]]
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._keys = {}
+
 
 def _key(namespace: str | None, cluster: str | None) -> tuple[str, str] | None:
     return None if namespace is None or cluster is None else (namespace, cluster)
 
 
 def _plain(body: kopf.Body) -> JSON:
+    """The object as a dict of its own (its top level copied). kopf's Body is a view of the last watch
+    event's dict: that dict is copied at once rather than key by key through the view, at every tick of
+    every loop."""
+    src = getattr(body, "_src", None)
+    if isinstance(src, dict) and not getattr(body, "_path", ()):
+        return dict(src)
     return {k: v for k, v in dict(body).items()}
 
 
