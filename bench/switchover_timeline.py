@@ -39,7 +39,7 @@ from e2e.driver import healthy
 from e2e.drivers.localkube import LocalKubeDriver
 from e2e.workload import WriteLoad
 
-from pgherd.kube.names import LABEL_CLUSTER, LABEL_SERVICE_NAME
+from pgherd.kube.names import DATA_MOUNT, LABEL_CLUSTER, LABEL_SERVICE_NAME
 
 JSON = dict[str, Any]
 NAME = "timeline"
@@ -122,6 +122,9 @@ def main() -> None:
     )
     parser.add_argument("--switchovers", type=int, default=3)
     parser.add_argument(
+        "--logs", type=Path, help="keep each member's PostgreSQL and agent logs in this folder"
+    )
+    parser.add_argument(
         "--delete", action="store_true", help="delete the primary's pod instead of asking for a switchover"
     )
     parser.add_argument(
@@ -151,8 +154,27 @@ def main() -> None:
                 how="delete" if args.delete else "backoff" if args.backoff else "switchover",
             )
         load.stop()
+        if args.logs is not None:
+            _keep_logs(driver, args.logs)
     finally:
         driver.down()
+
+
+def _keep_logs(driver: LocalKubeDriver, folder: Path) -> None:
+    """Each member's PostgreSQL log (on its volume) and its agent's log, before the cluster goes."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(3):
+        pod = f"{NAME}-{i}"
+        exec_ = ["-n", driver.namespace, "exec", pod, "--", "sh", "-c", f"cat {DATA_MOUNT}/*.log"]
+        for name, argv in (
+            (f"{pod}-postgres.log", exec_),
+            (f"{pod}-agent.log", ["-n", driver.namespace, "logs", pod]),
+        ):
+            result = subprocess.run(
+                [*driver.kube.kubectl, *argv], capture_output=True, text=True, check=False
+            )
+            (folder / name).write_text(result.stdout + result.stderr)
+    print(f"logs kept in {folder}")
 
 
 def _one(driver: LocalKubeDriver, load: WriteLoad, proxy_port: int, run: int, *, how: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,3 +80,36 @@ def test_a_real_restore_command_fetches_through_the_service(archived, s3_store):
     assert run_restore_command(command, SEGMENT, archived.pgdata, env=env) == 0
     assert (archived.pgdata / "pg_wal" / "RECOVERYXLOG").read_bytes() == archived.segment
     assert run_restore_command(command, "000000010000000000000050", archived.pgdata, env=env) == 1
+
+
+def test_a_miss_is_answered_again_for_a_moment_then_asked_anew(tmp_path, archived, s3_store, agent):
+    """A standby asks for the same missing segment at every retry: the store is asked once per
+    miss_ttl, and a file archived meanwhile is found once it has passed."""
+    store = Store(StoreLocation.parse(s3_store.url, s3_store.cluster), S3Settings.from_env(s3_store.env()))
+    service = WalService(store, tmp_path / "ttl.sock", archived.pgdata.parent, miss_ttl=1.0)
+    service.start()
+    try:
+        name = "000000010000000000000044"
+        command = config.restore_command(agent_executable(), wal_service=str(service.socket_path))
+
+        def answer() -> str:
+            asked = subprocess.run(
+                [
+                    "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", str(service.socket_path),
+                    f"http://pgherd/wal/{name}?pgdata={archived.pgdata}",
+                ],
+                capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            return asked.stdout
+
+        assert answer() == "404"
+        wal = tmp_path / name
+        wal.write_bytes(os.urandom(1 << 16) * 16)
+        assert agent("wal-push", "--system-id", read_system_id(archived.pgdata), str(wal)).returncode == 0
+        assert answer() == "404"  # remembered: the store was not asked again
+        time.sleep(1.1)
+        assert answer() == "200"
+        assert answer() == "200"  # a hit is never remembered as one
+        assert run_restore_command(command, name, archived.pgdata, env=s3_store.env()) == 0
+    finally:
+        service.stop()

@@ -29,7 +29,7 @@ from pgherd_backup.agent.supervisor import PostmasterState
 
 log = logging.getLogger("pgherd.agent")
 
-SAMPLE = 0.2  # seconds between samples: how late a lost upstream may be dated
+SAMPLE = 0.1  # seconds between samples: how late a lost upstream may be dated
 OPEN_RETRY = 1.0  # after a refused connection: each refusal is a line in PostgreSQL's log
 APPLICATION = "pgherd-agent-upstream-watch"  # its backend in pg_stat_activity
 
