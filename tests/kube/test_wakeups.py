@@ -124,3 +124,27 @@ def test_the_body_a_loop_reads_and_the_diff_base_keys_are_kopfs() -> None:
     assert list(ours.make_keys(ours.key, body=body)) == list(theirs.make_keys(theirs.key, body=body))
     assert ours.make_keys(ours.key, body=body) is ours.make_keys(ours.key, body=body)
     assert ours.fetch(body=body) is None and ours.build(body=body) == {}
+
+
+def test_the_cluster_ref_is_made_again_only_when_a_part_changes() -> None:
+    """A settled tick asks for the ClusterRef with the spec parsed once per generation: the same object
+    is returned; another spec, image, revision or uid makes a new one."""
+    from pgherd.api.cluster import PostgresClusterSpec
+    from pgherd.kube.objects import OwnedObjects
+
+    api: Any = object.__new__(KubeApi)
+    owned = OwnedObjects(api, OperatorConfig())
+    body: dict[str, Any] = {"metadata": {"name": "c", "namespace": "ns", "uid": "u1"}}
+    spec = PostgresClusterSpec.model_validate(
+        {"instances": 3, "postgresVersion": 16, "storage": {"size": "1Gi"}}
+    )
+    ref = owned.ref(body, spec, "image:1", "r1")
+    assert owned.ref(body, spec, "image:1", "r1") is ref
+    other = PostgresClusterSpec.model_validate(
+        {"instances": 4, "postgresVersion": 16, "storage": {"size": "1Gi"}}
+    )
+    assert owned.ref(body, other, "image:1", "r1").spec is other
+    assert owned.ref(body, other, "image:2", "r1").image == "image:2"
+    assert owned.ref(body, other, "image:2", "r2").revision == "r2"
+    again = {"metadata": {"name": "c", "namespace": "ns", "uid": "u2"}}
+    assert owned.ref(again, other, "image:2", "r2").uid == "u2"

@@ -203,13 +203,27 @@ class OwnedObjects:
         self._app_retry = 0.0  # after a refused write of the app Secret: not before then
         self.blocked: list[str] = []  # StatefulSet fields that differ but cannot change in place
         self._ensured: tuple[object, ...] | None = None  # what the objects were last applied for
+        self._ref: common.ClusterRef | None = None  # the last `ref`
 
     def image(self, spec: PostgresClusterSpec) -> str:
         return common.resolve_image(spec, self.config.postgres_image, self.config.default_image)
 
     def ref(self, body: JSON, spec: PostgresClusterSpec, image: str, revision: str) -> common.ClusterRef:
+        """The cluster as the builders need it; the same object again while its parts are (the loop
+        parses the spec once per generation: a settled tick asks for it with the same spec)."""
         meta = body["metadata"]
-        return common.ClusterRef(
+        last = self._ref
+        if (
+            last is not None
+            and last.spec is spec
+            and last.image == image
+            and last.revision == revision
+            and last.uid == meta["uid"]
+            and last.name == meta["name"]
+            and last.namespace == meta["namespace"]
+        ):
+            return last
+        self._ref = common.ClusterRef(
             name=meta["name"],
             namespace=meta["namespace"],
             uid=meta["uid"],
@@ -218,6 +232,7 @@ class OwnedObjects:
             revision=revision,
             log_format=self.config.log_format,
         )
+        return self._ref
 
     async def ensure(self, body: JSON, spec: PostgresClusterSpec, image: str, revision: str) -> AgentSecrets:
         """Every owned object as the builders describe them. Nothing is built again while the cluster's
