@@ -10,6 +10,7 @@ import contextlib
 from pgherd.agentview import member_view
 from pgherd.kube.agents import Agents
 from pgherd_backup.agent.client import AgentClient
+from pgherd_backup.agent.tls import certificate_facts, make_ca
 from pgherd_backup.agent.wire import ActionResult, Status
 
 FENCED = ActionResult("fence", detail="stopped", final_lsn="0/3000148", shutdown_clean=True, timeline=2)
@@ -105,3 +106,19 @@ def test_a_long_action_to_a_pod_gone_does_not_hold_back_the_members_new_pod() ->
         await remote.close()
 
     asyncio.run(run())
+
+
+def test_every_call_to_a_clusters_agents_uses_one_tls_context_trusting_its_ca() -> None:
+    """A client is made per call; building a context reads the CA file (0.28 ms a call, 3,000 polls a
+    second at 2,000 clusters): one per cluster, trusting that cluster's CA alone."""
+    ca_pem, _ = make_ca("db")
+    remote = Agents("db", token="t", ca_pem=ca_pem.decode(), server_hostname=lambda member: member)
+    try:
+        first, second = remote.client("db-0", "10.0.0.1"), remote.client("db-1", "10.0.0.2")
+        assert first._context is not None and first._context is second._context
+        trusted = first._context.get_ca_certs()
+        assert [dict(rdn[0] for rdn in c["subject"])["commonName"] for c in trusted] == [
+            certificate_facts(ca_pem.decode()).common_name
+        ]
+    finally:
+        asyncio.run(remote.close())

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from pgherd.agentview import STATUS_TIMEOUT
 from pgherd.kube import metrics
-from pgherd_backup.agent.client import AgentClient, AgentError
+from pgherd_backup.agent.client import AgentClient, AgentError, agent_context
 from pgherd_backup.agent.isolation import IsolationOrder
 from pgherd_backup.agent.wire import ActionResult, Status
 
@@ -78,6 +78,8 @@ class Agents:
             folder = Path(tempfile.mkdtemp(prefix=f"pgherd-{cluster}-"))
             self._ca_file = folder / "ca.crt"
             self._ca_file.write_text(ca_pem)
+        # One TLS context for every call to the cluster's agents: a client is made per call.
+        self._context = agent_context(self._ca_file) if scheme == "https" else None
         # member -> (the address its long action went to, the task awaiting the answer)
         self._tasks: dict[str, tuple[str, asyncio.Task[None]]] = {}
         self._fenced: dict[str, Fenced] = {}
@@ -87,6 +89,7 @@ class Agents:
         return AgentClient(
             f"{self.scheme}://{host}:{self.port}",
             ca_file=self._ca_file,
+            context=self._context,
             token=self.token,
             server_hostname=self.server_hostname(member),
         )
