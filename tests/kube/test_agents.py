@@ -117,8 +117,7 @@ def test_every_call_to_a_clusters_agents_uses_one_tls_context_trusting_its_ca() 
         first, second = remote.client("db-0", "10.0.0.1"), remote.client("db-1", "10.0.0.2")
         assert first._context is not None and first._context is second._context
         trusted = first._context.get_ca_certs()
-        assert [dict(rdn[0] for rdn in c["subject"])["commonName"] for c in trusted] == [
-            certificate_facts(ca_pem.decode()).common_name
-        ]
+        name = certificate_facts(ca_pem.decode()).common_name
+        assert len(trusted) == 1 and f"('commonName', '{name}')" in str(trusted[0]["subject"])
     finally:
         asyncio.run(remote.close())
