@@ -46,6 +46,13 @@ def test_a_lost_primary_is_looked_at_again_when_its_detection_ends() -> None:
     assert loop.interval() == 0.3
     loop.engine = EngineStatus(primary_lost_since=lost + timedelta(seconds=2))
     assert loop.interval() == 0.3  # further than the pace
+    # The decision is made once the tick's statuses are in: it starts as long before as the last
+    # gathering took, never more than MAX_POLL_LEAD.
+    loop.engine = EngineStatus(primary_lost_since=datetime.now(UTC) - timedelta(seconds=2.7))
+    loop._poll_seconds = 0.15
+    assert 0.1 < loop.interval() < 0.18  # 0.3 s to its end, less the 0.15 s the statuses take
+    loop._poll_seconds = 0.5
+    assert loop.interval() < 0.03  # the lead reaches before now: at once (the slack)
 
 
 def test_the_loops_own_status_writes_do_not_wake_it() -> None:
