@@ -14,10 +14,12 @@ restore_command asks it with curl (milliseconds) and takes only a 404 as "not ar
 whenever the service does not answer, it runs wal-fetch, which downloads, checks and prefetches as
 before. So the service being down, absent, or curl missing, changes the speed and nothing else.
 
-A miss is remembered for MISS_TTL: a standby without its upstream asks for the same segment at every
-retry, and again inside a failover's timeline switch (an S3 HEAD each, 20-140 ms on localkube). A file
-archived meanwhile is found at most MISS_TTL later; until then PostgreSQL tries streaming and comes
-back to the archive, as it does for any file not archived yet.
+A segment's miss is remembered for MISS_TTL: a standby without its upstream asks for the same segment
+at every retry, and again inside a failover's timeline switch (an S3 HEAD each, 20-140 ms on
+localkube). One archived meanwhile is found at most MISS_TTL later; until then PostgreSQL tries
+streaming and comes back to the archive, as it does for any file not archived yet. A history file's
+miss is never remembered: a promotion chooses its new timeline as one whose history the archive does
+not hold, and a stale answer could let two promotions choose the same.
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ class _Handler(BaseHTTPRequestHandler):
             found = self.server.store.exists(key)
         except (BackupError, OSError, ValueError):
             return 503  # no answer: the caller asks wal-fetch, which reports the problem properly
-        if not found:
+        if not found and not parts[1].endswith(".history"):
             self.server.remember_miss(key)
         return 200 if found else 404
 

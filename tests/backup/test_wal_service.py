@@ -111,5 +111,13 @@ def test_a_miss_is_answered_again_for_a_moment_then_asked_anew(tmp_path, archive
         assert answer() == "200"
         assert answer() == "200"  # a hit is never remembered as one
         assert run_restore_command(command, name, archived.pgdata, env=s3_store.env()) == 0
+
+        # A history file's miss is never remembered: a promotion picks a timeline the archive lacks.
+        name = "00000007.history"
+        assert answer() == "404"
+        history = tmp_path / name
+        history.write_text("6\t0/3000000\tno recovery target specified\n")
+        assert agent("wal-push", "--system-id", read_system_id(archived.pgdata), str(history)).returncode == 0
+        assert answer() == "200"
     finally:
         service.stop()
