@@ -375,7 +375,8 @@ class Instance:
             return {"recovery_init_sync_method": "syncfs"}
         return {}
 
-    def restore_command(self) -> str | None:
+    def restore_command(self, *, fresh: bool = False) -> str | None:
+        """`fresh`: for an archive recovery, whose first miss ends it (walservice.py)."""
         if not self.options.store:
             return None
         return restore_command(
@@ -383,6 +384,7 @@ class Instance:
             self.options.store,
             self.options.cluster,
             wal_service=str(self.options.wal_socket),
+            fresh=fresh,
         )
 
     def conninfo(self, upstream: str, *, superuser: bool = False) -> str:
