@@ -7,12 +7,13 @@ Async, because the Kubernetes operator is: its effects are API calls on kopf's e
 actuator that blocked would hold every cluster's reconciliation. The agent client is synchronous
 (http.client); a platform runs its calls off its loop (Kubernetes in threads) or in place (the
 sandbox, whose tick is a thread of its own and runs each action through ``asyncio.run``). Long agent
-actions (rejoin, demote, unfence, restart, upgrade) are spawned: the platform keeps one per member
-(``busy``) and the engine repeats a step until it observes its effect, so every action here is
+actions (seed, rejoin, demote, unfence, restart, upgrade) are spawned: the platform keeps one per
+member (``busy``) and the engine repeats a step until it observes its effect, so every action here is
 idempotent.
 
-The actions whose work is the platform's own (creating and deleting members, backups, restores, Jobs)
-stay with each platform.
+A new member is the platform's (``add_member``: a pod, a process, its agent waiting with an empty
+volume) and then the actuator's: the agent's seed, once it answers for that empty volume. The actions
+whose work is the platform's own (deleting members, backups, restores, Jobs) stay with each platform.
 """
 
 from __future__ import annotations
@@ -62,6 +63,16 @@ class Platform(Protocol):
     def upstream_address(self, member: str) -> str | None:
         """host:port of the member's PostgreSQL, as an agent names its upstream."""
 
+    def snapshot_of(self, backup: str | None, snapshot_id: str | None) -> str:
+        """The snapshot a seed restores, as the agents find it in the store: ``snapshot_id``, Backup
+        ``backup``'s id, or ``latest`` (neither). ValueError, saying why, for a Backup this platform does
+        not have, one without a completed snapshot, or an Expired one."""
+
+    async def add_member(self, action: act.CreateMember) -> bool:
+        """The platform's part of a new member: Kubernetes' StatefulSet scaled to it, the sandbox's process
+        started (an agent that waits for its seed, as any pod started again does). True when it did that
+        now, False when the member is there already."""
+
     async def call(self, member: str, what: str, fn: Callable[[AgentClient], T]) -> T:
         """A short agent call, awaited (fence, promote, set-sync, drop-slot)."""
 
@@ -106,6 +117,51 @@ class Platform(Protocol):
 
     async def event(self, event: act.RecordEvent) -> None:
         """Tell it on the cluster."""
+
+
+async def create_member(p: Platform, action: act.CreateMember) -> None:
+    """The platform's part first (a pod, a process); then, once the member's agent answers for an empty
+    volume and carries out nothing, its seed: initdb, pg_basebackup from ``source``, or a snapshot (a
+    standby of ``upstream``, or without one recovered to ``target`` and promoted). Both platforms report
+    such a member as not existing yet, so the engine issues CreateMember until its data is seen: a member
+    whose pod started again before its seed completed is seeded again. The agent seeds an empty data
+    directory only: one that holds anything is never seeded over."""
+    if await p.add_member(action):
+        return  # its agent is seeded once it answers (the engine asks again)
+    member = action.member
+    status = p.status(member)
+    if status is None or status.data_present or status.action is not None:
+        return
+    if not p.reachable(member) or p.busy(member):
+        return
+    upstream = None
+    if action.seed is act.Seed.BASEBACKUP:
+        source = action.source or action.upstream
+        upstream = p.upstream_address(source) if source else None
+        if upstream is None:
+            return
+    elif action.seed is act.Seed.SNAPSHOT and action.upstream:
+        upstream = p.upstream_address(action.upstream)
+        if upstream is None:
+            return  # never a recovery that promotes in place of a standby of it
+    snapshot = None
+    if action.seed is act.Seed.SNAPSHOT:
+        try:
+            snapshot = p.snapshot_of(action.source, action.snapshot_id)
+        except ValueError as exc:
+            log.warning("not seeding %s from a snapshot: %s", member, exc)
+            return
+    p.spawn(
+        member,
+        "seed",
+        lambda c: c.seed(
+            action.seed.value,
+            upstream=upstream,
+            snapshot=snapshot,
+            target=action.target,
+            reason=action.reason,
+        ),
+    )
 
 
 async def fence(p: Platform, action: act.Fence) -> None:
@@ -319,6 +375,7 @@ async def record_event(p: Platform, action: act.RecordEvent) -> None:
 
 
 HANDLERS: dict[type[act.Action], Callable[[Platform, Any], Awaitable[None]]] = {
+    act.CreateMember: create_member,
     act.Fence: fence,
     act.Demote: demote,
     act.Unfence: unfence,

@@ -1,7 +1,7 @@
 """What the engine sees of a member from its instance agent: /status -> MemberView.
 
-One mapping for both platform adapters (the sandbox now, the Kubernetes adapter later), so that the
-engine's inputs mean the same thing everywhere. The rules, and why:
+One mapping for both platform adapters (the sandbox, Kubernetes), so that the engine's inputs mean the
+same thing everywhere. The rules, and why:
 
 - ``reachable``: the agent answered *and* PostgreSQL answered it (role known). An agent that answers
   for a PostgreSQL that is down gives ``stopped`` instead; an agent that does not answer says nothing
@@ -11,6 +11,10 @@ engine's inputs mean the same thing everywhere. The rules, and why:
   stop is evidence that the member cannot write until the engine orders otherwise.
 - ``received_lsn`` of a fenced, stopped member: its final WAL end (the switchover compares it).
 - ``upstream``: the member the WAL receiver streams from, resolved by the platform from host:port.
+- An agent that answers for an empty volume and carries out nothing is no member yet (``exists`` and
+  ``data_present`` False): the engine has it seeded (CreateMember, which both platforms' actuator
+  carries out) or restores into it. A member whose volume was lost comes back so: the engine decides
+  what fills it, never its agent on its own.
 - Unknown is None, never a guess.
 - A restore (the engine's restore job) is the agent's own action, followed in its /status
   (``restore_job_view``).
@@ -111,6 +115,16 @@ def member_view(
     if status is None:
         gone = process_gone and not filling
         return MemberView(name=name, ordinal=ordinal, exists=True, reachable=False, stopped=gone, absent=gone)
+    if not status.data_present and status.action is None and not filling:
+        return MemberView(
+            name=name,
+            ordinal=ordinal,
+            exists=False,
+            data_present=False,
+            stopped=True,
+            reachable=False,
+            fenced=status.fenced,
+        )
     live = status.role in (Role.PRIMARY.value, Role.REPLICA.value)
     stopped = (
         not live

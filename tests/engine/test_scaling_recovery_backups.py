@@ -41,6 +41,19 @@ def test_bootstrap_from_a_backup_not_yet_completed_is_pending() -> None:
     assert decision.phase is Phase.PENDING and decision.actions == ()
 
 
+def test_bootstrap_from_a_backup_names_the_backup_or_the_snapshot_id_apart() -> None:
+    """The platform gives the agent a snapshot id: a Backup's (its backupId) or the one named."""
+    for source, expected in (
+        ({"backup": "nightly"}, ("nightly", None)),
+        ({"snapshotId": "20261205T080000Z"}, (None, "20261205T080000Z")),
+    ):
+        spec = make_spec(backup=STORE, bootstrap={"fromBackup": {**source, "target": {"immediate": True}}})
+        view = ClusterView(CLUSTER, NOW, backups=(BackupView("nightly", phase="Completed"),))
+        (create,) = decide(spec, view, EngineStatus()).actions
+        assert isinstance(create, A.CreateMember) and create.seed is A.Seed.SNAPSHOT
+        assert (create.source, create.snapshot_id, create.target) == (*expected, "immediate")
+
+
 def test_scale_up_creates_members_and_admits_them_through_safe_sync_steps() -> None:
     spec, view, status = settled()
     spec = make_spec(instances=5)

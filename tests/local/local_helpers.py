@@ -137,18 +137,44 @@ class LocalCluster:
         """The members, through the platform's own CreateMember actions: initdb for the first (a
         primary), pg_basebackup from it for the others."""
         primary = self.name(0)
-        self.apply(act.CreateMember(primary, 0, act.Seed.INITDB, "r1"))
-        self.wait_until(
+        self.add(
+            [act.CreateMember(primary, 0, act.Seed.INITDB, "r1")],
             lambda: self.status(primary).role == "primary" and self.status(primary).ready,
             f"{primary} running as the primary",
-            timeout=120,
         )
         self.platform.current_primary = primary
-        for ordinal in range(1, instances):
-            name = self.name(ordinal)
-            self.apply(act.CreateMember(name, ordinal, act.Seed.BASEBACKUP, "r1", primary, primary))
-        for ordinal in range(1, instances):
-            self.wait_streaming(self.name(ordinal))
+        replicas = [
+            act.CreateMember(self.name(ordinal), ordinal, act.Seed.BASEBACKUP, "r1", primary, primary)
+            for ordinal in range(1, instances)
+        ]
+        self.add(
+            replicas, lambda: all(self.status(a.member).streaming for a in replicas), "the replicas streaming"
+        )
+
+    def add(
+        self, creates: list[act.CreateMember], done: Callable[[], bool], what: str, timeout: float = 180
+    ) -> None:
+        """CreateMember, issued again after each observation as the engine does while a member reports no
+        data, until ``done``: its pod first, then (once its agent answers for the empty volume) the
+        actuator's seed, in the member's worker, then idle. Timed out: the agents' last words in the
+        error."""
+
+        def created() -> bool:
+            self.platform.observe_members()
+            for action in creates:
+                self.apply(action)
+            return done()
+
+        try:
+            self.wait_until(created, what, timeout)
+            for action in creates:  # the seed's answer (its worker) may come after its effect
+                self.wait_idle(action.member)
+        except AssertionError as exc:
+            logs = [self.platform.pods.log_file(a.member) for a in creates]
+            tails = [
+                f"{log}:\n" + "\n".join(log.read_text().splitlines()[-15:]) for log in logs if log.exists()
+            ]
+            raise AssertionError("\n".join([str(exc), *tails])) from None
 
     def shut_down(self) -> None:
         for name in list(self.platform.members):

@@ -121,9 +121,18 @@ def test_a_member_being_restored_is_neither_stopped_nor_without_data() -> None:
     assert not gone.stopped
 
 
-def test_empty_data_is_reported() -> None:
+def test_an_agent_answering_for_an_empty_volume_is_no_member_yet() -> None:
+    """Both platforms: the engine issues CreateMember for it (the actuator seeds it) or restores into it;
+    its agent never fills it on its own, a volume lost since included."""
     view = member_view("c-1", 1, _status(data_present=False), resolve_upstream=RESOLVE)
-    assert not view.data_present
+    assert not view.exists and not view.data_present and not view.reachable and view.stopped
+    fenced = member_view("c-1", 1, _status(data_present=False, fenced=True), resolve_upstream=RESOLVE)
+    assert not fenced.exists and fenced.fenced
+
+
+def test_an_agent_seeding_its_empty_volume_is_a_member_at_work() -> None:
+    view = member_view("c-1", 1, _status(data_present=False, action="seed"), resolve_upstream=RESOLVE)
+    assert view.exists and not view.data_present and not view.stopped
 
 
 def test_terminating_is_passed_on() -> None:

@@ -26,7 +26,7 @@ from pgherd.kube import actions as kube_actions
 from pgherd.kube import names
 from pgherd.kube.agents import Agents
 from pgherd.kube.observe import ClusterObjects
-from pgherd.local.layout import SandboxPaths
+from pgherd.local.layout import SandboxPaths, write_json
 from pgherd.local.objects import ObjectStore
 from pgherd.local.platform import LocalPlatform
 from pgherd.local.postgres.resolve import resolve
@@ -100,6 +100,7 @@ class Scenario:
     current_primary: str
     actions: Sequence[act.Action]
     effects: list[str] = field(default_factory=list)
+    backups: list[dict[str, Any]] = field(default_factory=list)  # the Backup objects, as stored
 
 
 def _status(member: str, role: str, **fields: Any) -> Status:
@@ -148,7 +149,11 @@ def run_on_kubernetes(recorder: Recorder, scenario: Scenario, address: Callable[
         )
         cluster = {"metadata": {"name": CLUSTER, "namespace": NAMESPACE, "uid": "c"}}
         objects = ClusterObjects(
-            cluster=cluster, pods=[_pod(m, scenario.statuses.get(m)) for m in MEMBERS], rw_slices=[]
+            cluster=cluster,
+            pods=[_pod(m, scenario.statuses.get(m)) for m in MEMBERS],
+            rw_slices=[],
+            statefulset={"spec": {"replicas": len(MEMBERS)}},
+            backups=scenario.backups,
         )
 
         async def event(e: act.RecordEvent) -> None:
@@ -186,6 +191,8 @@ def run_on_kubernetes(recorder: Recorder, scenario: Scenario, address: Callable[
 
 def run_in_the_sandbox(platform: LocalPlatform, recorder: Recorder, scenario: Scenario) -> list[Request]:
     platform._statuses = dict(scenario.statuses)
+    for backup in scenario.backups:
+        write_json(platform.paths.backups / f"{backup['metadata']['name']}.json", backup)
     platform.current_primary = scenario.current_primary
     asked: list[Request] = []
     for action in scenario.actions:
@@ -362,3 +369,153 @@ def test_a_planned_primary_restart_asks_the_same_of_the_agents_on_both_platforms
 
     asked, _, _ = _compare(sandbox, scenario)
     assert asked == [(old, "restart", {"reason": "rollout", "revision": "r2", "primary": True})]
+
+
+def _empty(member: str) -> Status:
+    """An agent that answers for an empty volume, with nothing running: to be seeded."""
+    return Status(member=member, cluster=CLUSTER, data_present=False)
+
+
+def _backup(name: str, **status: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": "Backup",
+        "metadata": {"name": name, "namespace": NAMESPACE, "creationTimestamp": "2026-12-05T08:00:00Z"},
+        "spec": {"cluster": {"name": CLUSTER}},
+        "status": status,
+    }
+
+
+def test_creating_members_asks_the_same_seed_of_the_agents_on_both_platforms(
+    sandbox: tuple[LocalPlatform, Recorder],
+) -> None:
+    """CreateMember: each platform has its member (the sandbox's process, Kubernetes' pod: both there
+    already), and the actuator seeds it once its agent answers for an empty volume: initdb for the first,
+    pg_basebackup from the primary for a replica, a snapshot (a Backup's, or a snapshot id) recovered to a
+    target. Not a member that holds data or is at work, nor from a Backup without a snapshot."""
+    first, replica, restored = MEMBERS
+    target = "time:2026-12-05T08:30:00Z"
+
+    def scenario() -> Scenario:
+        return Scenario(
+            statuses={first: _empty(first), replica: _empty(replica), restored: _empty(restored)},
+            listening=set(MEMBERS),
+            current_primary=first,
+            backups=[
+                _backup("nightly", phase="Completed", backupId="20261205T080000Z"),
+                _backup("running", phase="Running"),
+            ],
+            actions=[
+                act.CreateMember(first, 0, act.Seed.INITDB, "r1", reason="new cluster"),
+                act.CreateMember(replica, 1, act.Seed.BASEBACKUP, "r1", first, first, reason="scale"),
+                act.CreateMember(
+                    restored,
+                    2,
+                    act.Seed.SNAPSHOT,
+                    "r1",
+                    source="nightly",
+                    target=target,
+                    reason="from a Backup",
+                ),
+                act.CreateMember(
+                    restored, 2, act.Seed.SNAPSHOT, "r1", snapshot_id="S1", reason="from a snapshot id"
+                ),
+                act.CreateMember(
+                    restored, 2, act.Seed.SNAPSHOT, "r1", source="running", reason="no snapshot yet: refused"
+                ),
+                act.CreateMember(
+                    restored, 2, act.Seed.SNAPSHOT, "r1", source="missing", reason="no such Backup: refused"
+                ),
+            ],
+        )
+
+    asked, local, kube = _compare(sandbox, scenario)
+    address = sandbox[0].address(first)
+
+    def seed(reason: str, method: str, **fields: str) -> dict[str, Any]:
+        return {
+            "reason": reason,
+            "method": method,
+            "upstream": None,
+            "snapshot": None,
+            "target": None,
+            **fields,
+        }
+
+    assert asked == [
+        (first, "seed", seed("new cluster", "initdb")),
+        (replica, "seed", seed("scale", "basebackup", upstream=address)),
+        # The Backup's snapshot, by its id: the agent finds snapshots in the store by id, not by Backup.
+        (restored, "seed", seed("from a Backup", "snapshot", snapshot="20261205T080000Z", target=target)),
+        (restored, "seed", seed("from a snapshot id", "snapshot", snapshot="S1")),
+    ]
+    assert not [e for e in local.effects + kube.effects if e.startswith("failed")]
+
+
+def test_a_member_seeded_or_at_work_is_not_seeded_again_on_either_platform(
+    sandbox: tuple[LocalPlatform, Recorder],
+) -> None:
+    """Its agent reports data, or an action in progress (a seed already), or no answer: nothing asked."""
+    first, replica, silent = MEMBERS
+
+    def scenario() -> Scenario:
+        return Scenario(
+            statuses={
+                first: _status(first, "primary"),
+                replica: Status(member=replica, cluster=CLUSTER, data_present=False, action="seed"),
+                silent: None,
+            },
+            listening=set(MEMBERS),
+            current_primary=first,
+            actions=[
+                act.CreateMember(first, 0, act.Seed.INITDB, "r1", reason="holds data"),
+                act.CreateMember(replica, 1, act.Seed.BASEBACKUP, "r1", first, first, reason="seeding"),
+                act.CreateMember(silent, 2, act.Seed.BASEBACKUP, "r1", first, first, reason="silent"),
+            ],
+        )
+
+    asked, _, _ = _compare(sandbox, scenario)
+    assert asked == []
+
+
+def test_the_sandbox_starts_a_new_member_as_any_pod_and_seeds_it_once_its_agent_answers(
+    sandbox: tuple[LocalPlatform, Recorder],
+) -> None:
+    """No seed flags: the new pod's agent waits with its empty volume (as after any restart, a member
+    restarted before its seed completed included), and the engine's next CreateMember seeds it."""
+    platform, recorder = sandbox
+    first, _, new = MEMBERS
+    del platform.members[new]
+    recorder.start(new)
+    started: list[tuple[str, int, str | None]] = []
+
+    def start(name: str, ordinal: int, revision: str | None, env: Any) -> int:
+        started.append((name, ordinal, revision))
+        return 1
+
+    platform.client = recorder.client  # type: ignore[method-assign]
+    platform.pods.start = start  # type: ignore[method-assign]
+    platform.pod_running = lambda name: any(s[0] == name for s in started)  # type: ignore[method-assign]
+    spec = PostgresClusterSpec.model_validate({"instances": len(MEMBERS)})
+    create = act.CreateMember(new, 2, act.Seed.BASEBACKUP, "r2", first, first, reason="scale")
+
+    platform.apply(create, spec)
+    assert started == [(new, 2, "r2")] and "--seed" not in platform.pods.command(new, 2, "r2")
+    assert platform.members[new].revision == "r2" and recorder.take() == []
+
+    platform._statuses[new] = _empty(new)  # its agent answers for the empty volume: no member yet
+    platform.apply(create, spec)
+    deadline = time.monotonic() + 30
+    while platform.busy(new) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert started == [(new, 2, "r2")]  # not started again
+    assert [(m, a, b["upstream"]) for m, a, b in recorder.take()] == [(new, "seed", platform.address(first))]
+
+
+def test_a_member_record_written_with_seed_flags_is_read(sandbox: tuple[LocalPlatform, Recorder]) -> None:
+    platform, _ = sandbox
+    member = MEMBERS[1]
+    old = {"name": member, "ordinal": 1, "port": 5433, "seed": ["--seed", "initdb"], "notes": []}
+    write_json(platform.paths.member_state(member), old)
+    loaded = MemberState.load(platform.paths, member)
+    assert loaded is not None and loaded.name == member and loaded.port == 5433

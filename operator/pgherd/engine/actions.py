@@ -24,7 +24,9 @@ class Seed(StrEnum):
 class CreateMember:
     """Create the member's pod/process and data; start it (as a replica of ``upstream`` when given).
 
-    With Seed.SNAPSHOT and no upstream (bootstrap.fromBackup), replay to ``target`` and promote.
+    ``source``: the member to clone (Seed.BASEBACKUP), or the Backup whose snapshot to restore
+    (Seed.SNAPSHOT; or ``snapshot_id``, a snapshot named in the store; neither: the newest). With
+    Seed.SNAPSHOT and no upstream (bootstrap.fromBackup), replay to ``target`` and promote.
     """
 
     member: str
@@ -35,6 +37,7 @@ class CreateMember:
     upstream: str | None = None
     target: str | None = None  # recovery target, as text: "time:<iso>", "lsn:<lsn>", "immediate"
     reason: str = ""
+    snapshot_id: str | None = None
 
 
 @dataclass(frozen=True)

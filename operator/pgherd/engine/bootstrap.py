@@ -50,7 +50,8 @@ def step(ctx: Context) -> Outcome:
             0,
             Seed.SNAPSHOT,
             ctx.revision,
-            source=from_backup.backup or from_backup.snapshot_id,
+            source=from_backup.backup,
+            snapshot_id=from_backup.snapshot_id,
             target=target_text,
             reason="bootstrap.fromBackup",
         )

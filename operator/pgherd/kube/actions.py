@@ -1,7 +1,8 @@
 """The engine's actions on Kubernetes: pods, PVCs, StatefulSet replicas, Jobs, Backup and Restore
 status, Events; and ``KubeMembers``, this platform's side of the actuator (pgherd/actuator.py), which
-carries out the member actions (fence, promote, rejoin...) for both platforms: the agents at their pods'
-IPs, the -rw EndpointSlice, the role labels, a pod deleted to fence an unanswering member.
+carries out the member actions (seed, fence, promote, rejoin...) for both platforms: the StatefulSet
+scaled to a new member, the agents at their pods' IPs, the -rw EndpointSlice, the role labels, a pod
+deleted to fence an unanswering member.
 
 What an action did is an Event on the cluster when it did something (the engine repeats an action until
 it sees its effect; an effect is told once): a member fenced, promoted in place, rejoined; the
@@ -173,38 +174,6 @@ async def label_replicas(ctx: ActContext) -> None:
             log.info("labelling %s as a replica: %s", member, exc)
 
 
-async def create_member(ctx: ActContext, action: act.CreateMember) -> None:
-    if ctx.objects.replicas() <= action.ordinal:
-        origin = f" from {action.source}" if action.source else ""
-        why = f"creating {action.member}, to be seeded by {action.seed.value}{origin}: {action.reason}"
-        await _set_replicas(ctx, action.ordinal + 1, why)
-        return  # the StatefulSet controller creates the pod; it is seeded once its agent answers
-    status, ip = _status(ctx, action.member), _ip(ctx, action.member)
-    if status is None or ip is None or status.data_present or status.action is not None:
-        return
-    upstream = None
-    source = action.source or action.upstream
-    if action.seed is act.Seed.BASEBACKUP:
-        upstream = ctx.member_address(source) if source else None
-        if upstream is None:
-            return
-    elif action.seed is act.Seed.SNAPSHOT and action.upstream:
-        upstream = ctx.member_address(action.upstream)
-    snapshot = action.source if action.seed is act.Seed.SNAPSHOT else None
-    ctx.agents.spawn(
-        action.member,
-        ip,
-        "seed",
-        lambda c: c.seed(
-            action.seed.value,
-            upstream=upstream,
-            snapshot=snapshot,
-            target=action.target,
-            reason=action.reason,
-        ),
-    )
-
-
 async def delete_member(ctx: ActContext, action: act.DeleteMember) -> None:
     ordinal = int(action.member.rsplit("-", 1)[1])
     if ctx.objects.replicas() > ordinal:
@@ -251,6 +220,19 @@ class KubeMembers:
 
     def upstream_address(self, member: str) -> str | None:
         return self.ctx.member_address(member)
+
+    def snapshot_of(self, backup: str | None, snapshot_id: str | None) -> str:
+        return snapshot_to_restore(self.ctx.objects, backup, snapshot_id)
+
+    async def add_member(self, action: act.CreateMember) -> bool:
+        """The StatefulSet scaled to the member: its controller creates the pod (and its volume)."""
+        if self.ctx.objects.replicas() > action.ordinal:
+            return False
+        source = action.source or action.snapshot_id
+        origin = f" from {source}" if source else ""
+        why = f"creating {action.member}, to be seeded by {action.seed.value}{origin}: {action.reason}"
+        await _set_replicas(self.ctx, action.ordinal + 1, why)
+        return True
 
     async def call(self, member: str, what: str, fn: Callable[[AgentClient], T]) -> T:
         ip = _ip(self.ctx, member)
@@ -552,7 +534,6 @@ async def prune(ctx: ActContext, action: act.Prune) -> None:
 
 
 _HANDLERS: dict[type, Callable[[ActContext, Any], Awaitable[None]]] = {
-    act.CreateMember: create_member,
     act.DeleteMember: delete_member,
     act.StartSnapshot: start_snapshot,
     act.StartRestore: start_restore,

@@ -183,23 +183,13 @@ def members(
             views.append(MemberView(name=name, ordinal=ordinal, exists=False, stopped=True, absent=True))
             continue
         view = member_view(name, ordinal, status, resolve_upstream=resolve, process_gone=process_gone(pod))
-        view = replace(view, platform_ready=pod_ready(pod))
+        if view.exists:  # not an agent answering for an empty volume (agentview): seeded, or restored into
+            view = replace(view, platform_ready=pod_ready(pod))
         if view.reachable and pod is not None and pod["metadata"].get("deletionTimestamp"):
             # Deleted (a drain, an eviction, a person): its agent gets SIGTERM and says so in a moment,
             # but the deletion's own watch event wakes the loop first; a poll later is up to 2 s lost.
             view = replace(view, terminating=True)
-        if status is not None and not status.data_present and status.action is None:
-            # Its agent answers for an empty volume: seeded by CreateMember, or restored into.
-            view = MemberView(
-                name=name,
-                ordinal=ordinal,
-                exists=False,
-                data_present=False,
-                stopped=True,
-                reachable=False,
-                fenced=status.fenced,
-            )
-        elif not wanted and pod is None:
+        if not wanted and pod is None:
             view = MemberView(name=name, ordinal=ordinal, exists=False, stopped=True, absent=True)
         if view.absent and name in lost_volumes:
             view = replace(view, data_present=False)

@@ -1,7 +1,7 @@
-"""The actuator's Platform (pgherd/actuator.py) in the sandbox: each member's agent at its process'
-port, long calls in the member's worker thread (LocalPlatform._spawn), the rw record (what a pod label
-would say, for the engine's ClusterView.rw_member), a process killed to fence an unanswering member, and
-the events log. The sandbox has no role labels.
+"""The actuator's Platform (pgherd/actuator.py) in the sandbox: a new member's process (its pod), each
+member's agent at its process' port, long calls in the member's worker thread (LocalPlatform._spawn),
+the rw record (what a pod label would say, for the engine's ClusterView.rw_member), a process killed to
+fence an unanswering member, and the events log. The sandbox has no role labels.
 
 The sandbox's tick is a thread of its own, running one action at a time through ``asyncio.run``: agent
 calls are made in place (nothing else waits on that loop), and a spawned call's ``then`` runs in the
@@ -66,6 +66,12 @@ class SandboxMembers:
 
     def upstream_address(self, member: str) -> str | None:
         return self.platform.address(member) if self.platform.has(member) else None
+
+    def snapshot_of(self, backup: str | None, snapshot_id: str | None) -> str:
+        return self.platform.backups.snapshot_id(backup, snapshot_id)
+
+    async def add_member(self, action: act.CreateMember) -> bool:
+        return self.platform.add_member(action, self.spec)
 
     async def call(self, member: str, what: str, fn: Callable[[AgentClient], T]) -> T:
         result = fn(self.platform.client(member))

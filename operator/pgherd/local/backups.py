@@ -27,7 +27,7 @@ from pgherd.local.layout import SandboxPaths
 from pgherd.local.objects import ObjectStore, now_iso
 from pgherd.local.state import SandboxState
 from pgherd_backup.agent.client import AgentActionError, AgentClient
-from pgherd_backup.agent.wire import Status
+from pgherd_backup.agent.wire import FenceRequest, Status
 from pgherd_backup.timestamps import rfc3339
 
 log = logging.getLogger("pgherd.sandbox")
@@ -152,10 +152,14 @@ class Backups:
         if not self.members.pod_running(name):
             return  # its pod is being restarted: the engine asks again
         started_at = time.time()
+        client = self.members.client(name)
+        status = self.members.status(name)
         try:
-            result = self.members.client(name).restore(
-                snapshot, action.target, request_id=action.restore, reason=action.reason
-            )
+            if status is not None and not status.fenced and not status.data_present:
+                # An empty volume (no member yet for the engine, which fences members only) has nothing
+                # to fence, but its agent restores only under a fence: as on Kubernetes.
+                client.act(FenceRequest(reason=f"restore {action.restore} into an empty member"))
+            result = client.restore(snapshot, action.target, request_id=action.restore, reason=action.reason)
         except AgentActionError as exc:
             if exc.status != 500:
                 raise  # refused or busy: the engine asks again

@@ -5,15 +5,16 @@ supervisor acts on a member only through its agent's API (AgentClient), as the K
 does: PostgreSQL itself is the agent's (seeding, starts and stops, crashes restarted read-only, fences,
 rewinds, restores). What is done here is the platform's work:
 
-- the kubelet's part: start a member's pod with its flags and parameters, start a dead one again after
-  ``restart_delay``, kill one whose liveness probe fails, stop or delete one;
+- the kubelet's part: start a member's pod with its flags and parameters (a new one's agent waits with
+  an empty volume for the actuator's seed), start a dead one again after ``restart_delay``, kill one
+  whose liveness probe fails, stop or delete one;
 - observation: every agent's /status at once, mapped to MemberView by ``pgherd.agentview`` (the one
   mapping the Kubernetes adapter uses too);
 - the engine's member actions: the agent calls, their guards and what is told of them are the
   actuator's (pgherd/actuator.py, shared with Kubernetes; local/acting.py is this platform's side), run
-  in the tick, the slow ones (Rejoin, Demote, Unfence, upgrades, RestartMember) in the member's worker
-  thread, so that observation and failover never wait for them; an action for a busy member is skipped
-  and the engine re-issues it;
+  in the tick, the slow ones (seeds, Rejoin, Demote, Unfence, upgrades, RestartMember) in the member's
+  worker thread, so that observation and failover never wait for them; an action for a busy member is
+  skipped and the engine re-issues it;
 - the rw endpoint (the member the last SetPrimary named, as a pod label), events, and the backups and
   restores (backups.py).
 """
@@ -211,13 +212,8 @@ class LocalPlatform:
             return
         if spec is not None:
             self.write_parameters(member.name, spec)
-        pid = self.pods.start(member.name, member.ordinal, member.revision, member.seed, self.state.s3.env())
-        log.info(
-            "started the agent of %s (pid %d%s)",
-            member.name,
-            pid,
-            f", {' '.join(member.seed)}" * bool(member.seed),
-        )
+        pid = self.pods.start(member.name, member.ordinal, member.revision, self.state.s3.env())
+        log.info("started the agent of %s (pid %d)", member.name, pid)
 
     def keep_running(self, spec: PostgresClusterSpec) -> None:
         """Start a dead member's agent again after the restart delay (a lost pod); PostgreSQL inside it
@@ -338,14 +334,12 @@ class LocalPlatform:
         return not pgdata.exists() or is_empty(pgdata)
 
     def _remember(self, member: MemberState, status: Status) -> None:
-        """What the status file shows (fenced, revision), and the end of the member's seeding."""
+        """What the status file shows (fenced, revision)."""
         changed = False
         if status.revision is not None and status.revision != member.revision:
             member.revision, changed = status.revision, True
         if status.fenced != member.fenced or status.demoted != member.demoted:
             member.fenced, member.demoted, changed = status.fenced, status.demoted, True
-        if member.seed and status.data_present and status.action is None:
-            member.seed, changed = [], True  # seeded: a restarted pod never seeds again on its own
         if changed:
             member.save(self.paths)
 
@@ -382,35 +376,21 @@ class LocalPlatform:
         handler = getattr(self, name, None) or getattr(self.backups, name)
         handler(action, spec)
 
-    def _do_CreateMember(self, action: act.CreateMember, spec: PostgresClusterSpec) -> None:
-        """A new pod, its agent told how to seed the empty volume (never seeded again once it holds
-        data: a pod restarted later starts with --seed none)."""
+    def add_member(self, action: act.CreateMember, spec: PostgresClusterSpec) -> bool:
+        """A new pod for the member: its record, and its agent started as any pod is, with no seed (it
+        waits with an empty volume for the actuator's seed, and starts on the data it finds on a volume
+        kept from before). False when the member is there already (a dead pod is keep_running's)."""
         name = action.member
-        if name in self.members and self.pods.running(name):
-            return
-        member = self.members.get(name) or MemberState(
-            name, action.ordinal, self.state.port_of(action.ordinal)
+        if name in self.members:
+            return False
+        member = MemberState(
+            name, action.ordinal, self.state.port_of(action.ordinal), revision=action.revision
         )
-        member.wanted, member.revision, member.restart_at = True, action.revision, None
-        pgdata = self.paths.member_data(name)
-        seed: list[str] = []
-        if not pgdata.exists() or is_empty(pgdata):
-            if action.seed is act.Seed.INITDB:
-                seed = ["--seed", "initdb"]
-            elif action.seed is act.Seed.BASEBACKUP:
-                source = action.source or action.upstream or ""
-                seed = ["--seed", "basebackup", "--upstream", self.address(source)]
-            else:
-                seed = ["--seed", "snapshot", "--snapshot", self.backups.snapshot_id(action.source, None)]
-                if action.upstream:
-                    seed += ["--upstream", self.address(action.upstream)]
-                elif action.target:
-                    seed += ["--recovery-target", action.target]
-        member.seed = seed
         self.members[name] = member
         self.paths.member_dir(name).mkdir(parents=True, exist_ok=True)
         member.save(self.paths)
         self._start_pod(member, spec)
+        return True
 
     def _do_DeleteMember(self, action: act.DeleteMember, spec: PostgresClusterSpec) -> None:
         """Delete the pod (SIGTERM: a clean shutdown), and its volume unless ``keep_data``."""

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -188,7 +188,7 @@ class Pods:
         return client
 
     # -- the pod's life ---------------------------------------------------------------------------------
-    def command(self, name: str, ordinal: int, revision: str | None, extra: Sequence[str]) -> list[str]:
+    def command(self, name: str, ordinal: int, revision: str | None) -> list[str]:
         cert, key = self.credentials.cert(name)
         command = [
             *pgherd_command(),
@@ -250,12 +250,11 @@ class Pods:
         ]
         if revision:
             command += ["--revision", revision]
-        return [*command, *extra]
+        return command
 
-    def start(
-        self, name: str, ordinal: int, revision: str | None, extra: Sequence[str], env: Mapping[str, str]
-    ) -> int:
-        """Start the member's agent (no-op when it runs); its pid."""
+    def start(self, name: str, ordinal: int, revision: str | None, env: Mapping[str, str]) -> int:
+        """Start the member's agent (no-op when it runs); its pid. Its agent seeds nothing on its own
+        (``--seed none``): an empty volume waits for the actuator's seed, as on Kubernetes."""
         running = self.pid(name)
         if running is not None:
             return running
@@ -264,7 +263,7 @@ class Pods:
         environment = {**os.environ, **env, **self.state.postgres_env()}
         with self.log_file(name).open("ab") as log:
             process = subprocess.Popen(
-                self.command(name, ordinal, revision, extra),
+                self.command(name, ordinal, revision),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -117,9 +117,6 @@ class MemberState:
     restart_at: float | None = None  # monotonic-free wall time of the next restart attempt
     restarts: int = 0
     cloned_from: str | None = None  # unused since the members run on agents (read from older files)
-    # The seed flags of its CreateMember, until its data is seen: a pod restarted before its seed
-    # completed seeds again; one restarted later (a lost volume included) never re-seeds on its own.
-    seed: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     def save(self, paths: SandboxPaths) -> None:
@@ -128,4 +125,9 @@ class MemberState:
     @classmethod
     def load(cls, paths: SandboxPaths, name: str) -> MemberState | None:
         data: dict[str, Any] | None = read_json(paths.member_state(name))
-        return None if data is None else cls(**data)
+        if data is None:
+            return None
+        # A file written before may hold fields since removed (``seed``: its pod's seed flags, before
+        # the actuator seeded the members): read past them.
+        known = {f.name for f in fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in known})
