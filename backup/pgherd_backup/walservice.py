@@ -8,7 +8,7 @@ the poll in flight, its new timeline waits for a probe, the other replicas wait 
 
 This service keeps one warm S3 client and answers over a Unix socket:
 
-    GET /wal/<name>?pgdata=<data directory>[&fresh=1]   404: not archived, 200: archived, 400/503: no answer
+    GET /wal/<name>?pgdata=<data directory>   404: not archived, 200: archived, 400/503: no answer
 
 restore_command asks it with curl (milliseconds) and takes only a 404 as "not archived"; on 200, and
 whenever the service does not answer, it runs wal-fetch, which downloads, checks and prefetches as
@@ -17,10 +17,11 @@ before. So the service being down, absent, or curl missing, changes the speed an
 A segment's miss is remembered for MISS_TTL: a standby without its upstream asks for the same segment
 at every retry, and again inside a failover's timeline switch (an S3 HEAD each, 20-140 ms on
 localkube). One archived meanwhile is found at most MISS_TTL later; until then PostgreSQL tries
-streaming and comes back to the archive, as it does for any file not archived yet (a standby's retries; an archive
-recovery, whose first miss ends it, asks with `fresh=1`, answered by the archive alone). A history file's
-miss is never remembered: a promotion chooses its new timeline as one whose history the archive does
-not hold, and a stale answer could let two promotions choose the same.
+streaming and comes back to the archive, as it does for any file not archived yet. Only for a standby
+(standby.signal in its data directory): an archive recovery (a restore) ends at its first miss, which
+must not be one from a moment before. A history file's miss is never remembered: a promotion chooses
+its new timeline as one whose history the archive does not hold, and a stale answer could let two
+promotions choose the same.
 """
 
 from __future__ import annotations
@@ -87,9 +88,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self) -> int:
         url = urllib.parse.urlsplit(self.path)
         parts = url.path.strip("/").split("/")
-        query = urllib.parse.parse_qs(url.query)
-        pgdata_text = query.get("pgdata", [""])[0]
-        fresh = query.get("fresh", [""])[0] == "1"
+        pgdata_text = urllib.parse.parse_qs(url.query).get("pgdata", [""])[0]
         if len(parts) != 2 or parts[0] != "wal" or not is_wal_name(parts[1]) or not pgdata_text:
             return 400
         pgdata = Path(pgdata_text).resolve()
@@ -97,12 +96,13 @@ class _Handler(BaseHTTPRequestHandler):
             return 400  # only the data directories this service was started for
         try:
             key = Layout(self.server.store.location, read_system_id(pgdata)).wal_key(parts[1])
-            if not fresh and self.server.missed(key):
+            standby = (pgdata / "standby.signal").exists()  # it asks again; a recovery does not
+            if standby and self.server.missed(key):
                 return 404
             found = self.server.store.exists(key)
         except (BackupError, OSError, ValueError):
             return 503  # no answer: the caller asks wal-fetch, which reports the problem properly
-        if not found and not parts[1].endswith(".history"):
+        if not found and standby and not parts[1].endswith(".history"):
             self.server.remember_miss(key)
         return 200 if found else 404
 

@@ -92,25 +92,32 @@ def test_a_miss_is_answered_again_for_a_moment_then_asked_anew(tmp_path, archive
         name = "000000010000000000000044"
         command = config.restore_command(agent_executable(), wal_service=str(service.socket_path))
 
-        def answer(fresh: bool = False) -> str:
+        def answer() -> str:
             asked = subprocess.run(
                 [
                     "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", str(service.socket_path),
-                    f"http://pgherd/wal/{name}?pgdata={archived.pgdata}" + ("&fresh=1" if fresh else ""),
+                    f"http://pgherd/wal/{name}?pgdata={archived.pgdata}",
                 ],
                 capture_output=True, text=True, check=False,
             )  # fmt: skip
             return asked.stdout
 
+        # A data directory in archive recovery (a restore: its first miss ends it) is never answered
+        # from a remembered miss; a standby's (which asks again) is.
+        (archived.pgdata / "recovery.signal").touch()
+        assert answer() == "404"
+        wal = tmp_path / name
+        wal.write_bytes(os.urandom(1 << 16) * 16)
+        assert agent("wal-push", "--system-id", read_system_id(archived.pgdata), str(wal)).returncode == 0
+        assert answer() == "200"
+        (archived.pgdata / "recovery.signal").unlink()
+        (archived.pgdata / "standby.signal").touch()
+        name = "000000010000000000000045"
         assert answer() == "404"
         wal = tmp_path / name
         wal.write_bytes(os.urandom(1 << 16) * 16)
         assert agent("wal-push", "--system-id", read_system_id(archived.pgdata), str(wal)).returncode == 0
         assert answer() == "404"  # remembered: the store was not asked again
-        # An archive recovery's restore_command asks fresh: its first miss would end the recovery.
-        assert answer(fresh=True) == "200"
-        fresh_command = config.restore_command(agent_executable(), wal_service="/s.sock", fresh=True)
-        assert "&fresh=1" in fresh_command and "&fresh=1" not in command
         time.sleep(1.1)
         assert answer() == "200"
         assert answer() == "200"  # a hit is never remembered as one

@@ -375,8 +375,7 @@ class Instance:
             return {"recovery_init_sync_method": "syncfs"}
         return {}
 
-    def restore_command(self, *, fresh: bool = False) -> str | None:
-        """`fresh`: for an archive recovery, whose first miss ends it (walservice.py)."""
+    def restore_command(self) -> str | None:
         if not self.options.store:
             return None
         return restore_command(
@@ -384,7 +383,6 @@ class Instance:
             self.options.store,
             self.options.cluster,
             wal_service=str(self.options.wal_socket),
-            fresh=fresh,
         )
 
     def conninfo(self, upstream: str, *, superuser: bool = False) -> str:

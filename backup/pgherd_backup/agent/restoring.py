@@ -214,7 +214,7 @@ def _restore(
     restore_files(store, manifest, inst.pgdata, progress=_Written(inst, job))
     job.bytes_done = job.bytes_total  # every file written and checked (the tar's end blocks included)
     inst.use_binaries_of_data()  # the snapshot's major: one taken before an upgrade is the old major's
-    command = inst.restore_command(fresh=True)
+    command = inst.restore_command()
     assert command is not None
     write_recovery_config(inst.pgdata, restore_command=command, target=target.settings())
     try:

@@ -150,7 +150,6 @@ def restore_command(
     cluster: str | None = None,
     *,
     wal_service: str | None = None,
-    fresh: bool = False,
 ) -> str:
     """`restore_command` through wal-fetch, with two shortcuts taken by the shell.
 
@@ -161,8 +160,6 @@ def restore_command(
     - With `wal_service` (the Unix socket of pgherd_backup.walservice), the service is asked first
       whether the archive holds the file at all; only its 404 answers "not archived" without starting
       the agent. Anything else (archived, no answer, no curl) runs wal-fetch as without the service.
-      `fresh`: the service asks the archive every time, never answering from the misses it remembers
-      (an archive recovery's first miss ends it: it must not be one from a moment before).
 
     `%%` is PostgreSQL's escape for a literal `%` (curl's `%{http_code}`).
     """
@@ -172,8 +169,7 @@ def restore_command(
     if wal_service:
         steps.append(
             "test \"$(curl -s -o /dev/null -w '%%{http_code}' --max-time 2 --unix-socket "
-            f'{shell_argument(wal_service)} "http://pgherd/wal/%f?pgdata=$PWD{"&fresh=1" if fresh else ""}"'
-            ' 2>/dev/null)" = 404 && exit 1'
+            f'{shell_argument(wal_service)} "http://pgherd/wal/%f?pgdata=$PWD" 2>/dev/null)" = 404 && exit 1'
         )
     steps.append(fetch)
     return "; ".join(steps)

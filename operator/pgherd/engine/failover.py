@@ -217,7 +217,7 @@ def lost_since(ctx: Context, votes_since: dict[str, datetime], needed: int) -> d
     up to a poll interval later (1.1 s of a 5.0 s failover on localkube, 2026-12-05); the votes
     themselves still need detectionSeconds and two observations each.
 
-    Safe because no agent dates a loss before the truth: each watches its own WAL receiver every 0.2 s
+    Safe because no agent dates a loss before the truth: each watches its own WAL receiver every 0.1 s
     and dates a receiver gone at the first sample without it (pgherd_backup.agent.upstream), where it
     once aged the sample of the operator's last poll, up to 2 s too early (e52172d reverted this)."""
     dates = sorted(votes_since.values())
