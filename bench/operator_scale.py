@@ -6,8 +6,8 @@ For each N: a fresh control plane without a node (the real etcd and kube-apiserv
 e2e/localkube/apiserver_only.py, the same as tests/kube's; etcd without fsync, so that the figures are
 about the operator and the API server rather than this machine's disk), the chart's RBAC rendered by
 helm (watchNamespaces={bench}), and `pgherd operator --leader-elect --namespace bench` as a subprocess,
-as the chart's Deployment runs it, with a token of the chart's ServiceAccount. Then N clusters are
-created (8 connections) and measured:
+as the chart's Deployment runs it (with its process settings, e.g. MALLOC_ARENA_MAX), with a token
+of the chart's ServiceAccount. Then N clusters are created (8 connections) and measured:
 
 - ready: the time until every cluster's objects exist (its StatefulSet, the last one created) and its
   status is written;
@@ -143,9 +143,11 @@ class Watch(threading.Thread):
             conn.close()
 
 
-def install_operator(plane: apiserver_only.ControlPlane, workdir: Path) -> Path:
-    """The chart's ServiceAccount, ClusterRole, Role and bindings for an operator watching NS, and a
-    kubeconfig with a token of that ServiceAccount."""
+def install_operator(plane: apiserver_only.ControlPlane, workdir: Path) -> tuple[Path, dict[str, str]]:
+    """The chart's ServiceAccount, ClusterRole, Role and bindings for an operator watching NS, a
+    kubeconfig with a token of that ServiceAccount, and the process settings the chart's Deployment
+    gives the operator (its literal environment but pgherd's own PGHERD_* configuration: e.g. glibc's
+    MALLOC_ARENA_MAX)."""
     kubectl = Kubectl(plane.layout)
     kubectl.run("create", "namespace", NS)
     rendered = subprocess.run(
@@ -160,6 +162,13 @@ def install_operator(plane: apiserver_only.ControlPlane, workdir: Path) -> Path:
         and doc["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
     ]
     kubectl.apply(rbac)
+    (deployment,) = [doc for doc in yaml.safe_load_all(rendered) if doc and doc["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    process_env = {
+        entry["name"]: str(entry["value"])
+        for entry in container.get("env") or []
+        if "value" in entry and not entry["name"].startswith("PGHERD_")
+    }
     (account,) = [doc["metadata"]["name"] for doc in rbac if doc["kind"] == "ServiceAccount"]
     token = kubectl.run("create", "token", account, "--namespace", NS, "--duration", "24h").strip()
     kubeconfig = workdir / "operator.kubeconfig"
@@ -183,7 +192,7 @@ def install_operator(plane: apiserver_only.ControlPlane, workdir: Path) -> Path:
         )
     )
     kubeconfig.chmod(0o600)
-    return kubeconfig
+    return kubeconfig, process_env
 
 
 def run(n: int, timeout: float) -> dict[str, Any]:
@@ -196,9 +205,11 @@ def run(n: int, timeout: float) -> dict[str, Any]:
         components = {name: plane.process(name).pid for name in ("kube-apiserver", "etcd")}
         cpu_before = {name: cpu_seconds(pid) for name, pid in components.items()}
         bench_before = time.process_time()
+        kubeconfig, process_env = install_operator(plane, workdir)
         env = {
             **os.environ,
-            "KUBECONFIG": str(install_operator(plane, workdir)),
+            **process_env,
+            "KUBECONFIG": str(kubeconfig),
             "POD_NAMESPACE": NS,
             "POD_NAME": "pgherd-bench",
             "PGHERD_LEADER_ELECTION_LEASE": f"{RELEASE}-leader",

@@ -715,3 +715,12 @@ def test_the_dashboard_for_grafanas_sidecar_when_asked(helm: str, rendered: dict
     assert chosen["metadata"]["labels"]["grafana_dashboard"] == "pgherd"
     assert chosen["metadata"]["annotations"] == {"grafana_folder": "Databases"}
     assert chosen["data"]["pgherd.json"] == DASHBOARD.read_text().strip()
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_the_operator_runs_with_two_malloc_arenas(rendered: dict[str, list[Obj]], scenario: str) -> None:
+    """glibc's MALLOC_ARENA_MAX=2: the threads that read the agents' /status would each get an arena of
+    their own (up to 8 per core), each keeping its free memory. bench/operator_scale.py runs the operator
+    with the rendered Deployment's literal environment, this included."""
+    env = env_of(operator_container(rendered[scenario]))
+    assert env["MALLOC_ARENA_MAX"] == {"name": "MALLOC_ARENA_MAX", "value": "2"}
