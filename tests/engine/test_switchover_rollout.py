@@ -150,3 +150,12 @@ def test_a_request_for_any_member_takes_the_streaming_replica_with_the_most_wal(
     assert any_target({}) is None
     # none streams right after a switchover: the request waits, and is refused only after the wait
     assert not refuse_any(0.0) and not refuse_any(ANY_TARGET_WAIT - 0.1) and refuse_any(ANY_TARGET_WAIT)
+
+
+def test_a_replicas_sync_standbys_set_ahead_come_after_the_switchovers_own_actions() -> None:
+    """A refused set-sync stops the rest of a pass: upkeep's, on a replica, never holds back a step."""
+    spec, view, status = settled()
+    bare = with_members(view, replace(view.members[2], sync=None))
+    d = decide(spec, replace(bare, switchover_to="pg-1"), status)
+    kinds = [(type(a).__name__, getattr(a, "member", None)) for a in d.actions]
+    assert kinds == [("Rejoin", "pg-2"), ("Fence", "pg-0"), ("SetSynchronousStandbys", "pg-2")]

@@ -193,14 +193,14 @@ def _switchover(ctx: Context, target: str | None, why: str) -> Outcome:
 def _merge(base: Outcome, top: Outcome) -> Outcome:
     phase = base.phase if top.phase is Phase.RUNNING else top.phase
     message = "; ".join(m for m in (top.message, base.message) if m)
-    # A replica's sync standbys set ahead (upkeep) and again by the switchover preparing it: sent once.
+    # A replica's sync standbys set ahead (upkeep) go last, once: a refused one holds back nothing of the
+    # operation's step, which may set the same itself (a switchover preparing its target).
+    primary = top.status.current_primary
     ahead = {(a.member, a.config) for a in top.actions if isinstance(a, SetSynchronousStandbys)}
-    kept = tuple(
-        a
-        for a in base.actions
-        if not (isinstance(a, SetSynchronousStandbys) and (a.member, a.config) in ahead)
-    )
-    return Outcome(phase, top.status, kept + top.actions, message)
+    prepared = [a for a in base.actions if isinstance(a, SetSynchronousStandbys) and a.member != primary]
+    kept = tuple(a for a in base.actions if a not in prepared)
+    later = tuple(a for a in prepared if (a.member, a.config) not in ahead)
+    return Outcome(phase, top.status, kept + top.actions + later, message)
 
 
 def _quorum_commit(ctx: Context) -> Condition:
