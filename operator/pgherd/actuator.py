@@ -295,12 +295,14 @@ async def restart_member(p: Platform, action: act.RestartMember) -> None:
 
 async def set_sync(p: Platform, action: act.SetSynchronousStandbys) -> None:
     member = action.member
-    if not p.reachable(member) or p.busy(member):
-        return
     value = action.config.render()
     status = p.status(member)
     if status is not None and status.synchronous_standby_names == value:
         return  # in force: the engine repeats a step until it observes it
+    if not p.reachable(member) or p.busy(member):
+        # Not set: a failure, so that the pass stops here (a Promote after it must not run without it).
+        why = "its agent is busy with another action" if p.reachable(member) else "it has no address"
+        raise AgentError(f"synchronous_standby_names not set on {member}: {why}; asked again")
     await p.call(member, "set-sync", lambda c: c.set_sync(value, reason=action.reason))
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from local_helpers import free_port_range
 
+from pgherd import actuator
 from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.engine import actions as act
 from pgherd.engine.quorum import SyncConfig
@@ -31,7 +32,7 @@ from pgherd.local.objects import ObjectStore
 from pgherd.local.platform import LocalPlatform
 from pgherd.local.postgres.resolve import resolve
 from pgherd.local.state import MemberState, S3Endpoint, SandboxState
-from pgherd_backup.agent.client import AgentClient
+from pgherd_backup.agent.client import AgentClient, AgentError
 from pgherd_backup.agent.wire import ActionOutcome, Status
 
 CLUSTER = "demo"
@@ -519,3 +520,38 @@ def test_a_member_record_written_with_seed_flags_is_read(sandbox: tuple[LocalPla
     write_json(platform.paths.member_state(member), old)
     loaded = MemberState.load(platform.paths, member)
     assert loaded is not None and loaded.name == member and loaded.port == 5433
+
+
+class _Guarded:
+    """The part of a Platform set_sync looks at: one member, busy or without an address."""
+
+    def __init__(self, *, reachable: bool, busy: bool, value: str) -> None:
+        self._reachable, self._busy, self.value, self.calls = reachable, busy, value, 0
+
+    def status(self, member: str) -> Status:
+        return _status(member, "replica", synchronous_standby_names=self.value)
+
+    def reachable(self, member: str) -> bool:
+        return self._reachable
+
+    def busy(self, member: str) -> bool:
+        return self._busy
+
+    async def call(self, member: str, what: str, fn: Callable[[AgentClient], Any]) -> Any:
+        self.calls += 1
+
+
+@pytest.mark.parametrize(("reachable", "busy"), [(True, True), (False, False)])
+def test_a_set_sync_that_cannot_be_sent_fails_so_that_no_promote_follows_it(
+    reachable: bool, busy: bool
+) -> None:
+    """Both platforms stop a pass at its first failure: a set-sync skipped in silence let the Promote
+    after it run without the new primary's synchronous standbys."""
+    wanted = SyncConfig(k=1, standbys=frozenset({"demo-0", "demo-2"}))
+    platform = _Guarded(reachable=reachable, busy=busy, value="")
+    with pytest.raises(AgentError, match="synchronous_standby_names not set on demo-1"):
+        asyncio.run(actuator.set_sync(platform, act.SetSynchronousStandbys("demo-1", wanted)))  # type: ignore[arg-type]
+    # In force already: nothing to send, nothing failed.
+    platform.value = wanted.render()
+    asyncio.run(actuator.set_sync(platform, act.SetSynchronousStandbys("demo-1", wanted)))  # type: ignore[arg-type]
+    assert platform.calls == 0
