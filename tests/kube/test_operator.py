@@ -702,8 +702,9 @@ def test_the_first_ticks_wait_for_each_other_up_to_the_request_pool(
 
 def test_a_loop_keeps_no_write_history(kube: Kube, namespace: str, chart_operator: ChartIdentity) -> None:
     """What stays in memory for each of thousands of clusters leaves out metadata.managedFields: the
-    cluster's body kopf keeps for its loop (half of it: every status patch's fields), and the agents'
-    Secret the certificate check keeps; its decoded values are dropped once the check settles."""
+    cluster's body kopf keeps for its loop (half of it: every status patch's fields; its status, which
+    the loop keeps as it wrote it, is dropped too), and the agents' Secret the certificate check keeps;
+    its decoded values are dropped once the check settles."""
     ns = namespace
     kube.create(cluster_manifest(ns, instances=1))
     with running_as(chart_operator) as operator:
@@ -712,6 +713,9 @@ def test_a_loop_keeps_no_write_history(kube: Kube, namespace: str, chart_operato
         loop = operator.loops[(ns, "hippo")]
         eventually(lambda: "managedFields" not in loop.body()["metadata"], what="the body without them")
         assert loop.body()["spec"]["instances"] == 1
+        # Nor the status the watch brought: the loop keeps the one it read and wrote.
+        assert "status" not in loop.body()
+        assert loop.status_doc is not None and loop.status_doc["certificates"]
         secret = loop.owned._agent_secret
         assert secret is not None and secret["data"] and "managedFields" not in secret["metadata"]
         assert loop.owned._decoded is None

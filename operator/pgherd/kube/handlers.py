@@ -278,6 +278,11 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
         # object, and nothing here reads it) are dropped, for each of thousands of clusters.
         if isinstance(meta, dict):
             meta.pop("managedFields", None)
+        # Its status too: the loop reads the status from the API when it starts and keeps what it writes
+        # (the watch lags behind its writes), and kopf keeps pgherd's progress in annotations.
+        raw = getattr(kwargs["body"], "_src", None)
+        if isinstance(raw, dict):
+            raw.pop("status", None)
         annotations = meta.get("annotations") or {}
         requests = (
             annotations.get(names.ANNOTATION_SWITCHOVER),
