@@ -302,7 +302,10 @@ class ClusterLoop:
             )
             self.status_doc = {**(self.status_doc or {}), **document}
         assert self.status_doc is not None
-        self._settled_status = (self.status_doc, inputs)
+        # Equal inputs: the standing ones are kept, not this tick's copies (objects kept from one tick to
+        # the next reach CPython's oldest generation, whose collections then come sooner and last long).
+        if not same:
+            self._settled_status = (self.status_doc, inputs)
         self.engine = decision.status
         self._log_phase(decision)
         for event in decision.events:  # what the engine decided, told once: its memory moved on
