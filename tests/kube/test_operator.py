@@ -56,6 +56,18 @@ def cluster_with_status(kube: Kube, ns: str, key: str, what: str) -> JSON:
     )
 
 
+def spec_observed(kube: Kube, ns: str, name: str = "hippo") -> JSON:
+    """The cluster once its status.observedGeneration caught up with a spec changed since creation."""
+    return eventually(
+        lambda: (
+            (c := kube.read("postgresclusters", ns, name))
+            and (c.get("status") or {}).get("observedGeneration") == c["metadata"]["generation"] > 1
+            and c
+        ),
+        what="observedGeneration to catch up",
+    )
+
+
 def owned_by(obj: JSON, uid: str) -> bool:
     return any(
         o.get("uid") == uid and o.get("controller") for o in obj["metadata"].get("ownerReferences") or []
@@ -757,13 +769,7 @@ def test_a_settled_tick_builds_no_status_document_until_an_input_changes(
         figures = metrics.CLUSTERS.figures(ns, "hippo")
         assert figures.phase
         kube.merge("postgresclusters", ns, "hippo", {"spec": {"instances": 5}})
-        eventually(
-            lambda: (
-                (c := kube.read("postgresclusters", ns, "hippo"))
-                and (c.get("status") or {}).get("observedGeneration") == c["metadata"]["generation"] > 1
-            ),
-            what="observedGeneration to catch up",
-        )
+        spec_observed(kube, ns)
         assert built[0] > before
         loop = operator.loops[(ns, "hippo")]
         assert loop.status_doc is not None and loop.status_doc["observedGeneration"] == 2

@@ -28,7 +28,7 @@ from pgherd_backup.agent.auth import token_digest
 from pgherd_backup.agent.tls import certificate_facts, make_server_cert
 
 from .realkube import AuditLog, ChartIdentity, Kube, running_as
-from .test_operator import cluster_manifest, cluster_with_status, events
+from .test_operator import cluster_manifest, cluster_with_status, events, spec_observed
 from .waiting import eventually
 
 JSON = dict[str, Any]
@@ -426,13 +426,7 @@ def test_the_certificate_check_runs_only_when_its_inputs_change(
 
         # A spec change that the check does not read: the check stays settled.
         kube.merge("postgresclusters", ns, "hippo", {"spec": {"instances": 2}})
-        eventually(
-            lambda: (
-                (c := kube.read("postgresclusters", ns, "hippo"))
-                and (c.get("status") or {}).get("observedGeneration") == c["metadata"]["generation"] > 1
-            ),
-            what="observedGeneration to catch up",
-        )
+        spec_observed(kube, ns)
         cost = counter.settled()
         assert cost["secret_values"] == 0 and cost["agent_certificate_due"] == 0, cost
 
