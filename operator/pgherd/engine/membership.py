@@ -120,11 +120,6 @@ def ready_to_promote(ctx: Context, status: EngineStatus, primary: str) -> list[A
     ]
 
 
-def _prepares(action: Action, primary: str) -> bool:
-    """A replica's synchronous standbys set ahead of a promotion: upkeep, not a change in flight."""
-    return isinstance(action, SetSynchronousStandbys) and action.member != primary
-
-
 def _holds_older_commits(status: EngineStatus, member: MemberView | None) -> bool:
     if member is None or member.received_lsn is None:
         return False
@@ -257,18 +252,19 @@ def upkeep(ctx: Context, reclone: frozenset[str] = frozenset()) -> Upkeep:
         actions.append(DeleteMember(member.name, keep_data=member.kept_aside > 0, reason="scale down"))
         actions.append(DropReplicationSlot(primary.name, member.name, reason="scale down"))
         notes.append(f"deleting {member.name}")
-    ready = not quorum_actions and status.sync_pending is None
-    # Last: a refusal of one of these never holds back the actions before them in the same pass.
-    actions += ready_to_promote(ctx, status, primary.name) if ready else []
     expected = set(ctx.expected_names()) - {kept}
     healthy = {m.name for m in ctx.healthy_replicas()} | {primary.name}
     settled = (
-        not [a for a in actions if not _prepares(a, primary.name)]
+        not actions
         and not unrouted
         and status.sync_pending is None
         and expected <= healthy
         and expected == set(status.voters)
     )
+    # Upkeep, not a change in flight (the cluster stays settled); last, so that a refusal of one of them
+    # never holds back the actions before them in the same pass.
+    if not quorum_actions and status.sync_pending is None:
+        actions += ready_to_promote(ctx, status, primary.name)
     status = replace(status, primary_lost_since=None, votes_since={}, quorum_lost_since=None)
     if settled and not status.complete:
         status = replace(status, complete=True)
