@@ -127,7 +127,9 @@ def main(args: argparse.Namespace) -> int:
     for noisy in ("aiohttp.access", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     operator = Operator(
-        config=operator_config(args), election=election_from_env() if args.leader_elect else None
+        config=operator_config(args),
+        election=election_from_env() if args.leader_elect else None,
+        freeze_heap=True,
     )
     if args.metrics_port:
         from pgherd.kube import metrics

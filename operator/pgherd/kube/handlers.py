@@ -23,7 +23,7 @@ import kopf
 
 from pgherd.api.annotations import RESTART, ROTATE_CERTIFICATES
 from pgherd.api.cluster import VolumeDeletePolicy
-from pgherd.kube import metrics, names
+from pgherd.kube import heap, metrics, names
 from pgherd.kube.api import Credentials, KubeApi, RetryPolicy
 from pgherd.kube.leader import AlwaysLeader, LeaderElector
 from pgherd.kube.loop import ClusterLoop, OperatorConfig, Wakeups
@@ -65,6 +65,10 @@ class Operator:
     wakeups: Wakeups = field(default_factory=Wakeups)
     loops: dict[tuple[str, str], ClusterLoop] = field(default_factory=dict)
     _election_task: asyncio.Task[None] | None = None
+    # Freeze the heap once the clusters have settled (heap.py): `pgherd operator` does; tests that run
+    # operators inside pytest's process do not.
+    freeze_heap: bool = False
+    _heap_task: asyncio.Task[None] | None = None
     # The loops' starting ticks (ClusterLoop.starting), at most as many at once as the API connections:
     # 2,000 of them at once each waited for a pooled connection holding what it had built, and failed
     # when the wait was longer than the request's timeout.
@@ -194,11 +198,19 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
         operator._election_task = asyncio.get_running_loop().create_task(operator.leader.run(), name="leader")
         metrics.LEADER.set_function(lambda: 1.0 if operator.holding() else 0.0)
         metrics.CLUSTERS.active = operator.holding
+        if operator.freeze_heap:
+            operator._heap_task = asyncio.get_running_loop().create_task(
+                heap.keep_frozen(
+                    lambda: operator.loops, lambda: any(lp.starting for lp in operator.loops.values())
+                ),
+                name="heap",
+            )
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
-        if operator._election_task is not None:
-            operator._election_task.cancel()
+        for task in (operator._election_task, operator._heap_task):
+            if task is not None:
+                task.cancel()
         for loop in list(operator.loops.values()):
             await loop.close()
         for api in (operator.api, operator.election_api):

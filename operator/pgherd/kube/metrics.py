@@ -11,6 +11,7 @@ These carry their own `namespace` label: the scrape must keep it (`honor_labels`
 from __future__ import annotations
 
 import contextlib
+import gc
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -50,6 +51,12 @@ AGENT_CALLS = Histogram(
 LEADER = Gauge(
     "pgherd_leader", "1 on the operator replica holding the Lease, 0 on the others.", registry=REGISTRY
 )
+HEAP_FROZEN = Gauge(
+    "pgherd_operator_heap_frozen_objects",
+    "Objects frozen out of the cyclic collector's scans once the clusters settled (kube/heap.py); 0: none.",
+    registry=REGISTRY,
+)
+HEAP_FROZEN.set_function(gc.get_freeze_count)
 FAILOVERS = Counter(
     "pgherd_failovers_total", "Failovers started.", ["namespace", "cluster"], registry=REGISTRY
 )

@@ -1,0 +1,106 @@
+"""The operator's heap freeze (pgherd.kube.heap): when it is due, and that a frozen cycle is not kept
+past the next freeze."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import weakref
+from collections.abc import Iterator
+
+import pytest
+
+from pgherd.kube import heap, metrics
+
+
+@pytest.fixture
+def thawed() -> Iterator[None]:
+    yield
+    gc.unfreeze()  # the test process's heap as it was: nothing stays frozen
+
+
+def test_due_once_the_clusters_stood_still_and_none_starts() -> None:
+    policy = heap.FreezePolicy(settle=30)
+    a, b = ("ns", "a"), ("ns", "b")
+    assert not policy.due([], False, 0)
+    assert not policy.due([], False, 100)  # no cluster yet: nothing frozen, nothing to do
+    assert not policy.due([a], False, 100)
+    assert not policy.due([a], False, 129)
+    assert policy.due([a], False, 130)
+    policy.froze()
+    assert not policy.due([a], False, 500)  # the same set: frozen already
+    assert not policy.due([a, b], False, 500)
+    assert not policy.due([a, b], True, 520)  # b's first tick is not done: the clock starts again
+    assert not policy.due([a, b], False, 540)
+    assert policy.due([a, b], False, 570)
+    policy.froze()
+    assert not policy.due([a], False, 600)  # b deleted: its loop's cycles are collected at the next
+    assert policy.due([a], False, 630)
+    policy.froze()
+    assert not policy.due([], False, 700)
+    assert policy.due([], False, 730)  # all gone: thawed and collected once
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.other: _Node | None = None
+
+
+def test_refreeze_collects_a_cycle_frozen_before(thawed: None) -> None:
+    a, b = _Node(), _Node()
+    a.other, b.other = b, a
+    gone = weakref.ref(a)
+    frozen, _ = heap.refreeze()
+    assert frozen > 0
+    del a, b
+    gc.collect()
+    assert gone() is not None  # frozen: the collector does not look at it
+    heap.refreeze()
+    assert gone() is None
+
+
+def test_an_object_frozen_is_still_freed_by_its_last_reference(thawed: None) -> None:
+    node = _Node()
+    gone = weakref.ref(node)
+    heap.refreeze()
+    del node
+    assert gone() is None
+
+
+def test_keep_frozen_freezes_once_per_settled_set(thawed: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    clusters: set[tuple[str, str]] = set()
+    freezes: list[int] = []
+    real = heap.refreeze
+
+    def counting() -> tuple[int, float]:
+        freezes.append(1)
+        return real()
+
+    monkeypatch.setattr(heap, "refreeze", counting)
+
+    async def scenario() -> list[int]:
+        seen = []
+        task = asyncio.create_task(
+            heap.keep_frozen(lambda: clusters, lambda: False, heap.FreezePolicy(settle=0.05), check=0.01)
+        )
+        await asyncio.sleep(0.2)
+        seen.append(len(freezes))  # no cluster: nothing to freeze
+        clusters.add(("ns", "a"))
+        await asyncio.sleep(0.3)
+        seen.append(len(freezes))  # once, not at every check
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return seen
+
+    assert asyncio.run(scenario()) == [0, 1]
+
+
+def test_the_operator_metric_counts_what_is_frozen(thawed: None) -> None:
+    def sample() -> float | None:
+        return metrics.REGISTRY.get_sample_value("pgherd_operator_heap_frozen_objects")
+
+    gc.unfreeze()
+    assert sample() == 0
+    heap.refreeze()
+    assert sample() == gc.get_freeze_count() > 0
