@@ -111,6 +111,12 @@ def main() -> int:
     )
     parser.add_argument("--clusters", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=10,
+        help="seconds to wait once healthy before measuring (creating 10 clusters leaves work behind)",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="pgherd-steady-"))
     drivers = [LocalKubeDriver(work / f"s{i}", f"steady{i}") for i in range(args.clusters)]
@@ -125,7 +131,7 @@ def main() -> int:
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda d: d.wait_for(healthy(3), 900, "a healthy cluster"), drivers))
         print(f"{args.clusters} clusters healthy after {time.monotonic() - started:.0f} s", flush=True)
-        time.sleep(10)  # settled: every loop at its steady pace
+        time.sleep(args.settle)  # settled: every loop at its steady pace
         groups = pod_cgroups()
         members = {
             p["metadata"]["uid"]: groups[p["metadata"]["uid"]]
