@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import tempfile
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -78,14 +79,17 @@ class Agents:
             folder = Path(tempfile.mkdtemp(prefix=f"pgherd-{cluster}-"))
             self._ca_file = folder / "ca.crt"
             self._ca_file.write_text(ca_pem)
-        # One TLS context for every call to the cluster's agents: a client is made per call.
-        self._context = agent_context(self._ca_file) if scheme == "https" else None
+        # One TLS context for every call to the cluster's agents (a client is made per call), built at
+        # the first call: ~17 KB each, 34 MB for 2,000 clusters that have no member yet.
+        self._context: ssl.SSLContext | None = None
         # member -> (the address its long action went to, the task awaiting the answer)
         self._tasks: dict[str, tuple[str, asyncio.Task[None]]] = {}
         self._fenced: dict[str, Fenced] = {}
 
     def client(self, member: str, ip: str) -> AgentClient:
         host = f"[{ip}]" if ":" in ip else ip
+        if self._context is None and self.scheme == "https":
+            self._context = agent_context(self._ca_file)
         return AgentClient(
             f"{self.scheme}://{host}:{self.port}",
             ca_file=self._ca_file,
