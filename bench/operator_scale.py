@@ -254,7 +254,7 @@ def run(n: int, timeout: float, settle: float = 3.0) -> dict[str, Any]:
             time.sleep(0.1)
         ready = time.monotonic() - started
         # Every loop in its steady state; a longer wait lets the operator freeze its heap first (30 s with
-        # no cluster added or starting: operator/pgherd/kube/heap.py), as it has long done in production.
+        # no cluster added or starting: operator/pgherd/kube/heap.py), as an operator running for a while has.
         time.sleep(settle)
         changed: dict[str, tuple[int, float]] = {}  # cluster -> (its new generation, when the PATCH returned)
 
