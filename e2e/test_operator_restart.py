@@ -103,7 +103,7 @@ def test_operator_killed_mid_rollout_resumes_it(cluster: Driver, manifest: dict[
     )
     assert in_recovery(cluster, old), f"{old} is still primary: the resumed rollout did not switch over"
     assert len(report.failure_windows()) <= 1, (
-        f"writes failed outside one switchover window: {report.failure_windows()}"
+        f"writes failed outside one switchover window:\n{report.describe_windows()}\n{cluster.describe()}"
     )
 
 

@@ -30,6 +30,21 @@ def test_failure_windows_run_from_the_last_success_to_the_next() -> None:
     assert windows[0].seconds == 3.0 and windows[0].first_error == "refused"
 
 
+def test_windows_described_at_the_wall_clock_with_their_distinct_errors() -> None:
+    report = _report(
+        (1, 0.0, 1.0, None),
+        (2, 1.0, 1.5, "AdminShutdown: terminating connection"),
+        (3, 1.5, 2.0, "OperationalError: refused\nDETAIL: more"),
+        (4, 2.0, 2.5, "OperationalError: refused"),
+        (5, 2.5, 4.0, None),
+    )
+    report.wall_offset = 1_796_485_500.0  # 2026-12-05 15:45:00 UTC at monotonic 0
+    assert report.describe_windows() == (
+        "  15:45:01.000 to 15:45:04.000 UTC (3.00 s, 3 failed): "
+        "AdminShutdown: terminating connection | OperationalError: refused"
+    )
+
+
 def test_max_gap_between_acknowledgements_within_bounds() -> None:
     report = _report((1, 0.0, 1.0, None), (2, 1.0, 1.2, None), (3, 1.2, 5.2, None), (4, 5.2, 5.3, None))
     assert report.max_gap() == 4.0

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import psycopg
 from psycopg import sql
@@ -105,6 +106,7 @@ class Window:
     end: float
     failures: int
     first_error: str
+    errors: tuple[str, ...] = ()  # the distinct errors of the window, in order (a few)
 
     @property
     def seconds(self) -> float:
@@ -156,13 +158,26 @@ class WriteReport:
                 continue
             if run:
                 start = last_ok_end if last_ok_end is not None else run[0].started
-                windows.append(Window(start, attempt.ended, len(run), run[0].error or ""))
+                windows.append(Window(start, attempt.ended, len(run), run[0].error or "", _distinct(run)))
                 run = []
             last_ok_end = attempt.ended
         if run:
             start = last_ok_end if last_ok_end is not None else run[0].started
-            windows.append(Window(start, run[-1].ended, len(run), run[0].error or ""))
+            windows.append(Window(start, run[-1].ended, len(run), run[0].error or "", _distinct(run)))
         return windows
+
+    def describe_windows(self) -> str:
+        """Each failure window at the wall clock's time of day (UTC, as the members' and the operator's
+        logs print it) with its distinct errors: what a failure message needs to be read beside them."""
+
+        def clock(moment: float) -> str:
+            return datetime.fromtimestamp(moment + self.wall_offset, UTC).strftime("%H:%M:%S.%f")[:-3]
+
+        return "\n".join(
+            f"  {clock(w.start)} to {clock(w.end)} UTC ({w.seconds:.2f} s, {w.failures} failed): "
+            + " | ".join(w.errors)
+            for w in self.failure_windows()
+        )
 
     def max_gap(self, since: float | None = None, until: float | None = None) -> float:
         """The longest time between two consecutive acknowledgements within [since, until]: the write
@@ -183,6 +198,17 @@ class WriteReport:
             f"{len(self.acked)} acknowledged, {len(self.failed)} failed writes in {len(windows)} window(s)"
             f" (longest {worst:.2f} s); max gap between acknowledgements {self.max_gap():.2f} s"
         )
+
+
+def _distinct(attempts: list[Attempt], most: int = 4) -> tuple[str, ...]:
+    seen: list[str] = []
+    for attempt in attempts:
+        text = (attempt.error or "").strip().split("\n", 1)[0][:200]
+        if text not in seen:
+            seen.append(text)
+            if len(seen) == most:
+                break
+    return tuple(seen)
 
 
 class WriteLoad:

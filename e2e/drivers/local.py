@@ -257,7 +257,8 @@ class LocalDriver(PollingDriver):
         lines.append(
             f"  logs: {self.dir}/supervisor.log, events.log, members/*/postgres.log, members/*/agent.log"
         )
-        for name, count in (("events.log", 10), ("supervisor.log", 15)):
+        # Enough of the supervisor's log to cover an operation (a rollout's switchover, a failover).
+        for name, count in (("events.log", 20), ("supervisor.log", 80)):
             log = self.dir / name
             if log.exists():
                 lines.append(f"  last lines of {name}:")
