@@ -1,7 +1,9 @@
 """AgentClient: the operator's one door to a member (both platform adapters use it).
 
 Synchronous and standard library only (http.client over ssl): each call opens one connection, with a
-short timeout for observation and a longer one for actions, which answer when they are done. Every
+short timeout for observation and a longer one for actions, which answer when they are done; a client
+given a `Connections` pool keeps its /status connection open between polls (a TLS handshake per poll
+cost the operator more than the poll itself). Every
 failure is an `AgentError` whose message names the member's address and carries the agent's own
 error text; subclasses say what kind of failure it is.
 """
@@ -11,6 +13,8 @@ from __future__ import annotations
 import http.client
 import json
 import ssl
+import threading
+import time
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
@@ -44,6 +48,20 @@ SLOW_ACTION_TIMEOUT = 3600.0  # rejoin and seed may copy a whole data directory
 # A connection and its TLS handshake, whatever the call's timeout: an agent cut off by a partition
 # (packets dropped, no reset) is known in seconds, not after a fence's or an action's whole timeout.
 CONNECT_TIMEOUT = 2.0
+# How long an idle kept connection is reused: under the agent's own KEEPALIVE_IDLE (10 s), so that a
+# request is never sent into a connection the agent is closing.
+KEEPALIVE_REUSE = 5.0
+# What a kept connection that the agent closed meanwhile fails with, before any answer: asked once more on
+# a new connection (never after a timeout, which is an answer that did not come).
+_STALE = (
+    http.client.RemoteDisconnected,
+    http.client.BadStatusLine,
+    http.client.CannotSendRequest,
+    ConnectionResetError,
+    BrokenPipeError,
+    ssl.SSLEOFError,
+    ssl.SSLZeroReturnError,
+)
 
 
 class AgentError(Exception):
@@ -73,6 +91,50 @@ class AgentActionError(AgentError):
     """The agent refused the request (4xx) or tried and failed (5xx); the message is its own text."""
 
 
+_Key = tuple[str, int, str | None]
+
+
+class Connections:
+    """Idle kept-alive connections to agents, by address and name, shared by the clients of one
+    operator (thread-safe): at most one per address is kept, none longer than ``reuse`` seconds."""
+
+    def __init__(self, reuse: float = KEEPALIVE_REUSE) -> None:
+        self.reuse = reuse
+        self._lock = threading.Lock()
+        self._idle: dict[_Key, tuple[float, http.client.HTTPConnection]] = {}
+
+    def take(self, key: _Key) -> http.client.HTTPConnection | None:
+        with self._lock:
+            kept = self._idle.pop(key, None)
+        if kept is None:
+            return None
+        since, connection = kept
+        if time.monotonic() - since < self.reuse:
+            return connection
+        connection.close()
+        return None
+
+    def give(self, key: _Key, connection: http.client.HTTPConnection) -> None:
+        now = time.monotonic()
+        with self._lock:
+            replaced = self._idle.pop(key, None)
+            self._idle[key] = (now, connection)
+            expired = [k for k, (since, _) in self._idle.items() if now - since >= self.reuse]
+            closing = [self._idle.pop(k)[1] for k in expired]
+        for old in closing + ([replaced[1]] if replaced is not None else []):
+            old.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = list(self._idle.values()), {}
+        for _, connection in idle:
+            connection.close()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._idle)
+
+
 def agent_context(ca_file: Path | str | None) -> ssl.SSLContext:
     """The TLS context an AgentClient connects with: `ca_file` (None: the system's trust store)."""
     context = client_context(ca_file)
@@ -96,9 +158,11 @@ class AgentClient:
         timeout: float = STATUS_TIMEOUT,
         action_timeout: float = ACTION_TIMEOUT,
         context: ssl.SSLContext | None = None,
+        connections: Connections | None = None,
     ) -> None:
         """`context`: a TLS context from `agent_context` to share between clients (building one reads
-        the CA: 0.28 ms, at every call of a client made per call); else one is built from `ca_file`."""
+        the CA: 0.28 ms, at every call of a client made per call); else one is built from `ca_file`.
+        `connections`: where GET /status keeps its connection between calls (None: one per call)."""
         url = urllib.parse.urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"invalid agent URL {base_url!r}: expected https://host:port")
@@ -113,6 +177,8 @@ class AgentClient:
         self._context: ssl.SSLContext | None = None
         if self.scheme == "https":
             self._context = context or agent_context(ca_file)
+        self.connections = connections
+        self._key: _Key = (self.host, self.port, server_hostname)
 
     def __repr__(self) -> str:  # never the token
         return f"AgentClient({self.base_url!r})"
@@ -257,19 +323,52 @@ class AgentClient:
             headers["Content-Type"] = "application/json"
         if auth and self.token:
             headers["Authorization"] = f"Bearer {self.token}"
+        keep = self.connections is not None and method == "GET" and path == "/status"
+        headers["Connection"] = "keep-alive" if keep else "close"
+        kept = self.connections.take(self._key) if self.connections is not None and keep else None
+        if kept is not None:
+            try:
+                return self._exchange(kept, method, path, data, headers, timeout, keep=True, fresh=False)
+            except _Stale:
+                pass  # the agent closed it meanwhile: once more, on a new connection
         connection = self._connection(min(timeout, CONNECT_TIMEOUT))
         try:
-            try:
-                connection.connect()
-            except TimeoutError:
-                raise AgentUnreachable(
-                    f"agent {self.base_url}: no connection within {min(timeout, CONNECT_TIMEOUT):g}s"
-                ) from None
+            return self._exchange(connection, method, path, data, headers, timeout, keep=keep, fresh=True)
+        except _Stale as stale:
+            raise AgentUnreachable(f"agent {self.base_url}: {method} {path} failed ({stale.cause})") from None
+
+    def _exchange(
+        self,
+        connection: http.client.HTTPConnection,
+        method: str,
+        path: str,
+        data: bytes | None,
+        headers: Mapping[str, str],
+        timeout: float,
+        *,
+        keep: bool,
+        fresh: bool,
+    ) -> tuple[int, str]:
+        """One request on `connection` (connected here when `fresh`), kept for the next call when both
+        sides keep it; closed otherwise and on any failure. _Stale: a kept connection found closed."""
+        kept = False
+        try:
+            if fresh:
+                try:
+                    connection.connect()
+                except TimeoutError:
+                    raise AgentUnreachable(
+                        f"agent {self.base_url}: no connection within {min(timeout, CONNECT_TIMEOUT):g}s"
+                    ) from None
             assert connection.sock is not None
             connection.sock.settimeout(timeout)
-            connection.request(method, path, body=data, headers=headers)
+            connection.request(method, path, body=data, headers=dict(headers))
             response = connection.getresponse()
-            return response.status, response.read().decode(errors="replace")
+            text = response.read().decode(errors="replace")
+            if keep and not response.will_close and self.connections is not None:
+                self.connections.give(self._key, connection)
+                kept = True
+            return response.status, text
         except ssl.SSLCertVerificationError as exc:
             raise AgentUnreachable(
                 f"agent {self.base_url}: its TLS certificate is not trusted ({exc.verify_message}): "
@@ -279,10 +378,21 @@ class AgentClient:
             raise AgentUnreachable(
                 f"agent {self.base_url}: no answer to {method} {path} within {timeout:g}s"
             ) from None
+        except _STALE as exc:
+            raise _Stale(exc) from None
         except (OSError, http.client.HTTPException) as exc:
             raise AgentUnreachable(f"agent {self.base_url}: {method} {path} failed ({exc})") from None
         finally:
-            connection.close()
+            if not kept:
+                connection.close()
+
+
+class _Stale(Exception):
+    """A connection closed by the agent before it answered (the request was not taken)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 def _error_body(body: Any, status: int) -> ErrorBody:

@@ -5,7 +5,9 @@
   POST /actions/<name>               the operator only (bearer token)
 
 One event loop, in a thread of its own, holds every connection as a coroutine: its TLS handshake and
-the reading of its request each have a deadline, and a slow or hostile client holds no thread. The
+the reading of its request each have a deadline, and a slow or hostile client holds no thread. A GET
+over HTTP/1.1 keeps its connection open (KEEPALIVE_IDLE for the next request): the operator polls
+/status every few seconds, and a TLS handshake per poll cost it more than the poll itself. The
 probes are answered in the loop from the agent's cached view of PostgreSQL (view.py): no PostgreSQL
 session per probe. Only the operator's requests, once their credential is checked, run in threads, at
 most OPERATOR_THREADS at once (503 beyond). Connections beyond a limit (in all, and from one address)
@@ -49,6 +51,9 @@ MAX_BODY = 64 << 10
 MAX_HEAD = 64 << 10  # request line and headers
 HANDSHAKE_TIMEOUT = 5.0
 REQUEST_TIMEOUT = 10.0  # reading a request, head and body; an action's own duration is not bounded by it
+# A kept connection's wait for its next request; longer than the client's own reuse limit
+# (client.KEEPALIVE_REUSE), so that a client does not send into a connection being closed.
+KEEPALIVE_IDLE = 10.0
 WRITE_TIMEOUT = 10.0  # a client that does not read its answer
 CLOSE_TIMEOUT = 2.0  # its TLS close_notify
 PROBES = ("/healthz", "/readyz", "/startupz")
@@ -71,6 +76,17 @@ class Request:
     headers: http.client.HTTPMessage
     client: str
     deadline: float  # loop time by which its body must have come
+    version: str = "HTTP/1.0"
+
+    @property
+    def keeps_alive(self) -> bool:
+        """A GET over HTTP/1.1, with no body, that did not ask to close: its connection stays open after
+        the answer (a body, never read for a GET, would be taken for the next request)."""
+        connection = (self.headers.get("Connection") or "").strip().lower()
+        bodiless = (
+            self.headers.get("Content-Length") in (None, "0") and "Transfer-Encoding" not in self.headers
+        )
+        return self.method == "GET" and self.version == "HTTP/1.1" and connection != "close" and bodiless
 
 
 Answer = tuple[int, dict[str, Any]]
@@ -249,26 +265,43 @@ class AgentServer:
             except (OSError, ssl.SSLError, TimeoutError) as exc:
                 log.debug("TLS handshake with %s failed: %s", client, exc)
                 return
-        deadline = asyncio.get_running_loop().time() + REQUEST_TIMEOUT
+        idle: float | None = None  # the first request: head and body within REQUEST_TIMEOUT
+        while await self._one_request(reader, writer, client, idle):
+            idle = KEEPALIVE_IDLE
+
+    async def _one_request(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, client: str, idle: float | None
+    ) -> bool:
+        """Read and answer one request; whether the connection stays open. `idle`: on a kept connection,
+        how long the next request may take to begin (its body then has REQUEST_TIMEOUT)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (REQUEST_TIMEOUT if idle is None else idle)
         try:
             async with asyncio.timeout_at(deadline):
                 head = await reader.readuntil(b"\r\n\r\n")
         except asyncio.LimitOverrunError:
             await self._send(writer, None, 431, _error_body(self.instance, "the request head is too large"))
-            return
+            return False
         except (OSError, TimeoutError, asyncio.IncompleteReadError):
-            return  # gone, or too slow: no request
+            return False  # gone, too slow, or a kept connection left idle: no request
+        if idle is not None:
+            deadline = loop.time() + REQUEST_TIMEOUT
         try:
             request = _parse(head, client, deadline)
         except ValueError as exc:
             await self._send(writer, None, 400, _error_body(self.instance, f"bad request: {exc}"))
-            return
+            return False
         self._begin_answer()
         try:
             code, body = await self._answer(request, reader)
-            await self._send(writer, request, code, body)
+            keep = request.keeps_alive and code < 400 and not self._closing()
+            return await self._send(writer, request, code, body, keep=keep) and keep
         finally:
             self._end_answer()
+
+    def _closing(self) -> bool:
+        """The agent stops (no longer listening): answer, then close; stop() waits for answers only."""
+        return self._server is None or not self._server.is_serving()
 
     # -- routing --------------------------------------------------------------------------------------
     async def _answer(self, request: Request, reader: asyncio.StreamReader) -> Answer:
@@ -412,17 +445,24 @@ class AgentServer:
         return code, body
 
     async def _send(
-        self, writer: asyncio.StreamWriter, request: Request | None, code: int, body: dict[str, Any]
-    ) -> None:
+        self,
+        writer: asyncio.StreamWriter,
+        request: Request | None,
+        code: int,
+        body: dict[str, Any],
+        *,
+        keep: bool = False,
+    ) -> bool:
+        """Write the answer; whether it went out. `keep`: the connection stays open for another request."""
         data = json.dumps(body).encode()
         lines = [
-            f"HTTP/1.0 {code} {HTTPStatus(code).phrase}",
+            f"HTTP/1.{1 if keep else 0} {code} {HTTPStatus(code).phrase}",
             "Server: pgherd-agent",
             f"Date: {formatdate(usegmt=True)}",
             "Content-Type: application/json",
             f"Content-Length: {len(data)}",
             "Cache-Control: no-store",
-            "Connection: close",
+            "Connection: keep-alive" if keep else "Connection: close",
         ]
         if code == 401:
             lines.append('WWW-Authenticate: Bearer realm="pgherd-agent"')
@@ -433,6 +473,8 @@ class AgentServer:
         except (OSError, TimeoutError) as exc:  # the caller went away (a timed-out client): done anyway
             what = f"{request.method} {request.target}" if request is not None else "a bad request"
             log.info("could not answer %s: %s", what, exc or type(exc).__name__)
+            return False
+        return True
 
 
 def _settle(future: asyncio.Future[Answer], answer: Answer) -> None:
@@ -457,7 +499,7 @@ def _parse(head: bytes, client: str, deadline: float) -> Request:
         headers = http.client.parse_headers(io.BytesIO(rest))
     except http.client.HTTPException as exc:
         raise ValueError(str(exc)) from None
-    return Request(method, target.split("?", 1)[0], target, headers, client, deadline)
+    return Request(method, target.split("?", 1)[0], target, headers, client, deadline, words[2])
 
 
 async def _body(request: Request, reader: asyncio.StreamReader) -> Any:

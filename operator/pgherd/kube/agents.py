@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from pgherd.agentview import STATUS_TIMEOUT
 from pgherd.kube import metrics
-from pgherd_backup.agent.client import AgentClient, AgentError, agent_context
+from pgherd_backup.agent.client import AgentClient, AgentError, Connections, agent_context
 from pgherd_backup.agent.isolation import IsolationOrder
 from pgherd_backup.agent.wire import ActionResult, Status
 
@@ -82,6 +82,9 @@ class Agents:
         # One TLS context for every call to the cluster's agents (a client is made per call), built at
         # the first call: ~17 KB each, 34 MB for 2,000 clusters that have no member yet.
         self._context: ssl.SSLContext | None = None
+        # The /status polls' connections, kept open between polls (a TLS handshake per poll cost more
+        # CPU than the poll's answer).
+        self._connections = Connections()
         # member -> (the address its long action went to, the task awaiting the answer)
         self._tasks: dict[str, tuple[str, asyncio.Task[None]]] = {}
         self._fenced: dict[str, Fenced] = {}
@@ -96,6 +99,7 @@ class Agents:
             context=self._context,
             token=self.token,
             server_hostname=self.server_hostname(member),
+            connections=self._connections,
         )
 
     async def statuses(
@@ -206,6 +210,7 @@ class Agents:
             with contextlib.suppress(asyncio.CancelledError, Exception):  # closing: results no longer matter
                 await task
         self._tasks.clear()
+        self._connections.close()
         if self._ca_file is not None:
             self._ca_file.unlink(missing_ok=True)
             with contextlib.suppress(OSError):

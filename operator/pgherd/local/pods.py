@@ -23,7 +23,7 @@ from pathlib import Path
 from pgherd.api.annotations import ROTATE_CERTIFICATES
 from pgherd.local.layout import SandboxPaths
 from pgherd.local.state import SandboxState
-from pgherd_backup.agent.client import AgentClient
+from pgherd_backup.agent.client import AgentClient, Connections
 from pgherd_backup.agent.tls import certificate_facts, write_private
 from pgherd_backup.postgres import postmaster
 
@@ -154,6 +154,7 @@ class Pods:
         self.credentials = credentials
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self._clients: dict[tuple[str, int], AgentClient] = {}
+        self._connections = Connections()  # the /status polls' kept connections (the process' own)
 
     # -- where things are ------------------------------------------------------------------------------
     def pid_file(self, name: str) -> Path:
@@ -184,6 +185,7 @@ class Pods:
                 token=self.credentials.token,
                 server_hostname=name,
                 action_timeout=60.0,
+                connections=self._connections,
             )
         return client
 
