@@ -62,6 +62,14 @@ def cgroup_seconds(path: Path) -> float:
     return int((path / "cpuacct.usage").read_text()) / 1e9
 
 
+def cgroup_rss_mb(cpuacct: Path) -> float:
+    """The resident anonymous memory of the pod whose cpuacct cgroup this is (its memory cgroup's
+    total_rss: the processes' heaps, not the page cache)."""
+    memory = Path("/sys/fs/cgroup/memory") / cpuacct.relative_to(CGROUP_ROOT)
+    stats = dict(line.split() for line in (memory / "memory.stat").read_text().splitlines())
+    return int(stats["total_rss"]) / 2**20
+
+
 def process_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICKS
@@ -145,6 +153,7 @@ def main() -> int:
         time.sleep(args.seconds)
         after = Sample(drivers[0], members, groups[operator_uid])
         load_after = os.getloadavg()[0]
+        operator_rss = cgroup_rss_mb(groups[operator_uid])
     finally:
         for driver in drivers:
             driver.down()
@@ -157,6 +166,7 @@ def main() -> int:
     n = len(members)
     print(f"members {n}, over {seconds:.0f} s, load {load_before:.1f} -> {load_after:.1f}")
     print(f"status polls {n_polls:.0f} ({n_polls / seconds / n:.2f} per member per s)")
+    print(f"operator RSS {operator_rss:.0f} MB (its pod's memory cgroup, at the end)")
     rows = [("operator", operator), ("agents", agents), ("PostgreSQL", postgres)]
     print(f"{'':<12}{'CPU s':>8}{'per poll ms':>13}{'per member, % of a core':>26}")
     for name, cpu in rows:
