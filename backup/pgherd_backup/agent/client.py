@@ -325,7 +325,7 @@ class AgentClient:
             headers["Authorization"] = f"Bearer {self.token}"
         keep = self.connections is not None and method == "GET" and path == "/status"
         headers["Connection"] = "keep-alive" if keep else "close"
-        kept = self.connections.take(self._key) if self.connections is not None and keep else None
+        kept = self.connections.take(self._key) if keep and self.connections is not None else None
         if kept is not None:
             try:
                 return self._exchange(kept, method, path, data, headers, timeout, keep=True, fresh=False)
