@@ -286,18 +286,7 @@ class KindDriver(KubeDriver):
             f"  kubectl -n {self.namespace} get postgrescluster,backups.pgherd.io,restores.pgherd.io,pods,pvc,events",
             f"  kubectl -n {self.operator_namespace} logs deployment/{self.release}",
         ]
-        logs = self.kube.run(
-            "-n",
-            self.operator_namespace,
-            "logs",
-            f"deployment/{self.release}",
-            "--tail=20",
-            check=False,
-            timeout=20,
-        )
-        if logs.returncode == 0:
-            lines.append("  last operator log lines:")
-            lines.extend(f"    {line}" for line in logs.stdout.splitlines())
+        lines.extend(self.kube_state())
         return "\n".join(lines)
 
     def down(self, *, keep: bool = False) -> None:

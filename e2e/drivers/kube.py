@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -194,6 +195,36 @@ class KubeDriver(PollingDriver):
         self.kube.run(*ns, "scale", "deployment", self.release, "--replicas=1")
         self.kube.run(*ns, "rollout", "status", f"deployment/{self.release}", "--timeout=180s", timeout=200)
         super().arm_operator_kill(at_step, done)
+
+    def kube_state(self) -> list[str]:
+        """What a failure message needs of the namespace, the most telling last (a long message is cut in
+        its middle): the operator's log without its routine lines, the latest events, then each pod's
+        phase, address and containers' states."""
+        lines: list[str] = []
+        logs = self.kube.run(
+            "-n", self.operator_namespace, "logs", f"deployment/{self.release}", "--tail=400", check=False, timeout=20
+        )  # fmt: skip
+        if logs.returncode == 0:
+            told = [line for line in logs.stdout.splitlines() if not _ROUTINE_LOG.search(line)]
+            lines.append("  the operator's last log lines (its routine 'succeeded' lines left out):")
+            lines.extend(f"    {line}" for line in told[-30:])
+        events = self.kube.run("-n", self.namespace, "get", "events", "-o", "json", check=False, timeout=20)
+        if events.returncode == 0:
+            items = sorted(
+                json.loads(events.stdout)["items"],
+                key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""),
+            )
+            lines.append("  the namespace's last events:")
+            lines.extend(
+                f"    {e.get('lastTimestamp') or e.get('eventTime')} {e.get('type')} "
+                f"{e['involvedObject'].get('name')} {e.get('reason')}: {str(e.get('message') or '')[:200]}"
+                for e in items[-15:]
+            )
+        pods = self.kube.run("-n", self.namespace, "get", "pods", "-o", "json", check=False, timeout=20)
+        if pods.returncode == 0:
+            lines.append("  the namespace's pods:")
+            lines.extend(f"    {_pod_line(pod)}" for pod in json.loads(pods.stdout)["items"])
+        return lines
 
     def status_rw_dsn(self) -> str | None:
         """The rwDsn shown in status() (None when none was asked for yet)."""
@@ -460,3 +491,28 @@ class KubeDriver(PollingDriver):
         )  # fmt: skip
         text = result.stdout.rstrip("\n")
         return text if text else None
+
+
+# The operator's lines that say nothing of a failure: a handler that ran as it does every minute.
+_ROUTINE_LOG = re.compile(r"Handler '[^']+' succeeded\.$")
+
+
+def _pod_line(pod: dict[str, Any]) -> str:
+    """One pod: name, uid's head, phase, address, node, creation, and each container's state."""
+    meta, status = pod["metadata"], pod.get("status") or {}
+    states = []
+    for container in status.get("containerStatuses") or []:
+        state = container.get("state") or {}
+        kind = next(iter(state), "?")
+        detail = state.get(kind) or {}
+        why = detail.get("reason") or detail.get("startedAt") or ""
+        states.append(
+            f"{container['name']}={kind}({why}, ready={container.get('ready')}, "
+            f"restarts={container.get('restartCount')})"
+        )
+    return (
+        f"{meta['name']} uid={str(meta.get('uid'))[:8]} {status.get('phase')} ip={status.get('podIP')} "
+        f"node={pod['spec'].get('nodeName')} created={meta.get('creationTimestamp')} "
+        f"{' '.join(states) or 'no container status'}"
+        + (" deleting" if meta.get("deletionTimestamp") else "")
+    )

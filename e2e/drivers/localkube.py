@@ -334,12 +334,7 @@ class LocalKubeDriver(KubeDriver):
             f"  kubectl --kubeconfig {self.localkube.kubeconfig} -n {self.namespace} get pgc,pgbackup,pgrestore,pods,pvc,events",
             f"  kubectl --kubeconfig {self.localkube.kubeconfig} -n {self.operator_namespace} logs deployment/{self.release}",
         ]
-        logs = self.kube.run(
-            "-n", self.operator_namespace, "logs", f"deployment/{self.release}", "--tail=20", check=False, timeout=20
-        )  # fmt: skip
-        if logs.returncode == 0:
-            lines.append("  last operator log lines:")
-            lines.extend(f"    {line}" for line in logs.stdout.splitlines())
+        lines.extend(self.kube_state())
         return "\n".join(lines)
 
     # -- partitions --------------------------------------------------------------------------------------
