@@ -337,6 +337,72 @@ def test_a_renewal_the_api_server_refuses_shows_in_the_condition(
         )
 
 
+def test_a_due_check_that_cannot_read_its_parked_secret_says_so(
+    kube: Kube,
+    namespace: str,
+    chart_operator_factory: Callable[..., ChartIdentity],
+) -> None:
+    """A settled check keeps the agents' Secret's name only; when it is due again (here: the rotate
+    annotation) and the Secret cannot be read (`get` on Secrets taken from the running operator),
+    CertificatesValid turns False with the API server's words and nothing is renewed; with the chart's
+    rights back, the rotation goes through."""
+    ns = namespace
+    identity = chart_operator_factory(refusals=True)
+    roles = [
+        (
+            ("roles", doc["metadata"].get("namespace")) if doc["kind"] == "Role" else ("clusterroles", None),
+            doc,
+        )
+        for doc in identity.docs
+        if doc["kind"] in ("ClusterRole", "Role") and any("secrets" in r["resources"] for r in doc["rules"])
+    ]
+    assert roles, "the chart's rules name no Secrets"
+
+    def secret_rules(without: str | None) -> None:
+        for (resource, role_ns), doc in roles:
+            rules = [
+                {**r, "verbs": [v for v in r["verbs"] if v != without]} if "secrets" in r["resources"] else r
+                for r in doc["rules"]
+            ]
+            kube.merge(resource, role_ns, doc["metadata"]["name"], {"rules": rules})
+
+    kube.create(cluster_manifest(ns, instances=1))
+    with running_as(identity):
+        first = eventually(lambda: kube.read("secrets", ns, "hippo-agent"), what="the agents' Secret")
+        eventually(
+            lambda: ((kube.read("postgresclusters", ns, "hippo") or {}).get("status") or {}).get(
+                "certificates"
+            ),
+            what="status.certificates (the check settled)",
+        )
+        secret_rules(without="get")
+        kube.merge(
+            "postgresclusters",
+            ns,
+            "hippo",
+            {"metadata": {"annotations": {"pgherd.io/rotate-certificates": "1"}}},
+        )
+        refused = eventually(
+            lambda: (
+                (c := kube.read("postgresclusters", ns, "hippo"))
+                and (found := condition(c, "CertificatesValid"))
+                and found["status"] == "False"
+                and found
+            ),
+            what="CertificatesValid False",
+        )
+        assert "cannot read Secret hippo-agent to check its certificates" in refused["message"], refused
+        assert "forbidden" in refused["message"].lower(), refused
+        unchanged = kube.read("secrets", ns, "hippo-agent")
+        assert unchanged is not None and values(unchanged)["tls.crt"] == values(first)["tls.crt"]
+    secret_rules(without=None)
+    with running_as(identity):
+        renewed = eventually(
+            lambda: agent_secret_changed(kube, ns, values(first)["tls.crt"]), what="the rotation"
+        )
+        assert renewed["metadata"]["annotations"][names.ANNOTATION_ROTATED_FOR] == "1"
+
+
 class CheckCounter:
     """How often the ticks ran and the certificate check decoded the agents' Secret (`secret_values`)
     or asked whether a renewal is due (`agent_certificate_due`): counting wrappers, the real functions
