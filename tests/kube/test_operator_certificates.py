@@ -57,6 +57,19 @@ def condition(cluster: JSON, kind: str) -> JSON | None:
     return next((c for c in (cluster.get("status") or {}).get("conditions") or [] if c["type"] == kind), None)
 
 
+def certificates_valid(kube: Kube, ns: str, status: str, what: str) -> JSON:
+    """The cluster hippo's CertificatesValid condition, once its status is `status`."""
+    return eventually(
+        lambda: (
+            (c := kube.read("postgresclusters", ns, "hippo"))
+            and (found := condition(c, "CertificatesValid"))
+            and found["status"] == status
+            and found
+        ),
+        what=what,
+    )
+
+
 def created(kube: Kube, ns: str, **spec: Any) -> tuple[JSON, ClusterRef]:
     """The cluster object, and its ClusterRef (to make Secrets the way the operator would)."""
     doc = kube.create(cluster_manifest(ns, instances=1, **spec))
@@ -314,27 +327,12 @@ def test_a_renewal_the_api_server_refuses_shows_in_the_condition(
     )
     refused_identity = chart_operator_factory(edit=without_secret_updates, refusals=True)
     with running_as(refused_identity):
-        cluster = eventually(
-            lambda: (
-                (c := kube.read("postgresclusters", ns, "hippo"))
-                and (found := condition(c, "CertificatesValid"))
-                and found["status"] == "False"
-                and found
-            ),
-            what="CertificatesValid False",
-        )
+        cluster = certificates_valid(kube, ns, "False", "CertificatesValid False")
     assert cluster["reason"] == "RenewalFailed"
     assert "cannot renew the certificates of Secret hippo-agent" in cluster["message"]
     assert "forbidden" in cluster["message"].lower()
     with running_as(chart_operator_factory()):
-        eventually(
-            lambda: (
-                (c := kube.read("postgresclusters", ns, "hippo"))
-                and (found := condition(c, "CertificatesValid"))
-                and found["status"] == "True"
-            ),
-            what="CertificatesValid True once the renewal passes",
-        )
+        certificates_valid(kube, ns, "True", "CertificatesValid True once the renewal passes")
 
 
 def test_a_due_check_that_cannot_read_its_parked_secret_says_so(
@@ -382,15 +380,7 @@ def test_a_due_check_that_cannot_read_its_parked_secret_says_so(
             "hippo",
             {"metadata": {"annotations": {"pgherd.io/rotate-certificates": "1"}}},
         )
-        refused = eventually(
-            lambda: (
-                (c := kube.read("postgresclusters", ns, "hippo"))
-                and (found := condition(c, "CertificatesValid"))
-                and found["status"] == "False"
-                and found
-            ),
-            what="CertificatesValid False",
-        )
+        refused = certificates_valid(kube, ns, "False", "CertificatesValid False")
         assert "cannot read Secret hippo-agent to check its certificates" in refused["message"], refused
         assert "forbidden" in refused["message"].lower(), refused
         unchanged = kube.read("secrets", ns, "hippo-agent")
