@@ -13,6 +13,11 @@ of the chart's ServiceAccount. Then N clusters are created (8 connections) and m
   status is written;
 - the p50/p99 from a spec change (instances 3 -> 4, all clusters at once, 8 connections) to
   status.observedGeneration catching up, each seen by a watch of the clusters (no polling list);
+- where that time went, from the API server's audit log: the operator's status write after each PATCH
+  was answered ("to op": the watch's delivery of the change to the operator, then its tick), and the
+  bench's watch seeing it after that write completed ("to bench": the same delivery to a second
+  watcher). At 2,000 clusters on 2 cores the deliveries, not the operator, made most of it
+  (docs/kube.md, "Where the latency goes");
 - the operator's peak RSS (VmHWM) and CPU seconds, beside the CPU seconds of kube-apiserver, etcd and
   this process (its watches and requests) over the whole run, all read from /proc.
 
@@ -45,6 +50,8 @@ from e2e.localkube import apiserver_only  # noqa: E402
 from e2e.localkube.binaries import tool  # noqa: E402
 from e2e.localkube.kubectl import Kubectl  # noqa: E402
 
+from pgherd.engine.view import parse_time  # noqa: E402
+
 NS = "bench"
 RELEASE = "pgherd"
 CLUSTERS = f"/apis/pgherd.io/v1alpha1/namespaces/{NS}/postgresclusters"
@@ -72,6 +79,52 @@ def peak_rss_mb(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def audit_writes(
+    audit_log: Path,
+) -> tuple[dict[str, tuple[float, float]], dict[str, list[tuple[float, float]]]]:
+    """From the audit log: each cluster's last PATCH by the administrator (the spec change) and every
+    status write (by the operator), as (received, completed) wall-clock seconds."""
+    changes: dict[str, tuple[float, float]] = {}
+    statuses: dict[str, list[tuple[float, float]]] = {}
+    with audit_log.open() as lines:
+        for line in lines:
+            if '"patch"' not in line or "postgresclusters" not in line or '"ResponseComplete"' not in line:
+                continue
+            entry = json.loads(line)
+            ref = entry.get("objectRef") or {}
+            received, completed = (
+                parse_time(entry["requestReceivedTimestamp"]),
+                parse_time(entry["stageTimestamp"]),
+            )
+            if entry.get("verb") != "patch" or received is None or completed is None:
+                continue
+            times = (received.timestamp(), completed.timestamp())
+            if ref.get("subresource") == "status":
+                statuses.setdefault(str(ref.get("name")), []).append(times)
+            elif not ref.get("subresource") and "system:serviceaccount:" not in str(
+                (entry.get("user") or {}).get("username")
+            ):
+                changes[str(ref.get("name"))] = times
+    return changes, statuses
+
+
+def where_it_went(audit_log: Path, seen_at: dict[str, float]) -> tuple[list[float], list[float]]:
+    """Per cluster: the operator's first status write after its spec change was answered (seconds after
+    the answer), and the bench's watch seeing the new generation after that write completed. ``seen_at``:
+    each cluster's new generation as the bench's watch saw it, wall clock."""
+    changes, statuses = audit_writes(audit_log)
+    to_operator, to_bench = [], []
+    for name, (received, completed) in changes.items():
+        writes = [w for w in statuses.get(name, []) if w[0] >= received]
+        if not writes:
+            continue
+        first = min(writes)
+        to_operator.append(max(0.0, first[0] - completed))
+        if name in seen_at:
+            to_bench.append(max(0.0, seen_at[name] - first[1]))
+    return to_operator, to_bench
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -276,6 +329,13 @@ def run(n: int, timeout: float, settle: float = 3.0) -> dict[str, Any]:
         while len(caught_up()) < n and time.monotonic() < deadline:
             time.sleep(0.05)
         latency = caught_up()
+        wall = time.time() - time.monotonic()
+        seen_at = {
+            name: first_seen[(name, generation)] + wall
+            for name, (generation, _) in changed.items()
+            if (name, generation) in first_seen
+        }
+        to_operator, to_bench = where_it_went(plane.audit_log, seen_at)
         return {
             "clusters": n,
             "create_s": created - started,
@@ -283,6 +343,8 @@ def run(n: int, timeout: float, settle: float = 3.0) -> dict[str, Any]:
             "caught_up": len(latency),
             "p50_s": percentile(latency, 0.5) if latency else float("nan"),
             "p99_s": percentile(latency, 0.99) if latency else float("nan"),
+            "to_op_s": _p50_p99(to_operator),
+            "to_bench_s": _p50_p99(to_bench),
             "operator_rss_mb": peak_rss_mb(operator.pid),
             "operator_cpu_s": cpu_seconds(operator.pid),
             "apiserver_cpu_s": cpu_seconds(components["kube-apiserver"]) - cpu_before["kube-apiserver"],
@@ -305,6 +367,10 @@ def run(n: int, timeout: float, settle: float = 3.0) -> dict[str, Any]:
         log.close()
 
 
+def _p50_p99(values: list[float]) -> str:
+    return f"{percentile(values, 0.5):.2f}/{percentile(values, 0.99):.2f}" if values else "-"
+
+
 COLUMNS = (
     ("clusters", "clusters", "d"),
     ("create s", "create_s", ".1f"),
@@ -312,6 +378,8 @@ COLUMNS = (
     ("p50 s", "p50_s", ".2f"),
     ("p99 s", "p99_s", ".2f"),
     ("caught up", "caught_up", "d"),
+    ("to op p50/p99", "to_op_s", "s"),
+    ("to bench p50/p99", "to_bench_s", "s"),
     ("op RSS MB", "operator_rss_mb", ".0f"),
     ("op CPU s", "operator_cpu_s", ".1f"),
     ("apiserver CPU s", "apiserver_cpu_s", ".1f"),
