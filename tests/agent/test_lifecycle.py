@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import psycopg
 import pytest
-from agent_helpers import MEMBERS, SlowProxy, writer
+from agent_helpers import MEMBERS, Agent, SlowProxy, writer
 
 from pgherd_backup.agent.client import AgentActionError, AgentError
 from pgherd_backup.agent.instance import ROUTE_SETTLE
@@ -186,3 +186,28 @@ def test_a_failed_start_says_why_in_status_until_a_start_succeeds(agents):
     primary.start()
     status = primary.status()
     assert status.start_error is None and status.postmaster == "running"
+
+
+def test_a_second_agent_on_the_same_volume_waits_until_the_first_has_exited(agents):
+    # A member's pod made again while the old one's processes are still being stopped (force-deleted,
+    # or its node cut off) may start on the same node and volume. PostgreSQL's postmaster.pid does not
+    # see a postmaster in another pod's namespaces: the agents must keep out of each other's way.
+    first = agents.primary(MEMBERS[0])
+    first.sql("CREATE TABLE kept (x int)")
+    first.sql("INSERT INTO kept VALUES (1)")
+    running = postmaster.postmaster_pid(first.pgdata)
+    second = Agent(MEMBERS[0], first.volume, first.certs)
+    agents.made.append(second)
+    second.start(wait=False)
+    second.wait_until(lambda: "another agent holds" in second.log, "its wait for the volume", timeout=30)
+    time.sleep(2)  # what an agent that did not wait would have done by now: stop the postmaster it found
+    assert second.process is not None and second.process.poll() is None
+    assert postmaster.postmaster_pid(first.pgdata) == running
+    assert first.status().role == "primary" and first.value("SELECT count(*) FROM kept") == 1
+    with pytest.raises(AgentError):
+        second.client.probe("startupz")  # it serves nothing until it holds the volume
+    first.stop()
+    assert first.wait_exit() == 0
+    second.wait_until(lambda: second.client.probe("startupz") == 200, "its first start", timeout=90)
+    second.wait_until(lambda: second.status().postmaster == "running", "PostgreSQL", timeout=30)
+    assert second.value("SELECT x FROM kept") == 1

@@ -24,6 +24,7 @@ from pgherd_backup.agent.options import AgentOptions
 from pgherd_backup.agent.server import AgentServer
 from pgherd_backup.agent.supervisor import OrphanReaper
 from pgherd_backup.agent.upstream import UpstreamWatch
+from pgherd_backup.agent.volumelock import hold_volume
 from pgherd_backup.errors import UsageError
 
 if TYPE_CHECKING:
@@ -77,6 +78,8 @@ def run(options: AgentOptions) -> int:
             raise UsageError(
                 f"cannot load the TLS certificate {options.tls_cert} / key {options.tls_key}: {exc}"
             ) from None
+    # Before the state is read or anything written: another agent of this member may still run there.
+    volume_lock = hold_volume(options.volume)
     instance = Instance(options, credentials)
     instance.prepare_volume()
     try:
@@ -136,6 +139,8 @@ def run(options: AgentOptions) -> int:
     if wal_service is not None:
         wal_service.stop()
     log.info("agent stopped")
+    if volume_lock is not None:
+        os.close(volume_lock)  # its PostgreSQL stopped: the next agent may start
     return 0
 
 
