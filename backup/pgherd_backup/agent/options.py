@@ -9,6 +9,7 @@ Volume layout (the volume is the directory holding the data directory):
   <volume>/agent/archive-failure  why archive_command (wal-push) last failed, until it succeeds
   <volume>/agent/run/         PostgreSQL's Unix socket: the agent's own connections, no password
   <volume>/kept/<stamp>/      data directories a re-clone replaced: kept on the same volume, never deleted
+  <volume>/.pgherd-agent.lock the agent's flock for its life: one agent at a time (volumelock.py)
 """
 
 from __future__ import annotations
