@@ -556,7 +556,7 @@ def running_as(
     the chart's ServiceAccount, watching `identity.watched`; stopped when the block ends.
     ``token_file``: its token is that file's (as in a pod, where the kubelet rotates it)."""
     operator = Operator(
-        config=config or OperatorConfig(steady_interval=0.2, busy_interval=0.1),
+        config=config or OperatorConfig(steady_interval=0.2, busy_interval=0.1, idle_interval=0.2),
         election=election,
         credentials=identity.credentials(token, token_file=token_file),
         login_info=identity.login(token),

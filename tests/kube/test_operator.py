@@ -226,6 +226,34 @@ def test_a_spec_change_is_observed(
         assert own and set(own) == {("patch", "status")}, own
 
 
+def test_a_cluster_without_pods_ticks_at_the_idle_pace_and_its_spec_change_wakes_it(
+    kube: Kube, namespace: str, chart_operator: ChartIdentity, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No pod to ask (only the garbage collector runs here: no pod is made): the loop ticks every
+    idle_interval (10 s) rather than every steady_interval, and a spec change still reaches the status at
+    once, by its watch event."""
+    ns = namespace
+    ticks: list[float] = []
+    tick = ClusterLoop.tick
+
+    async def counted_tick(loop: ClusterLoop) -> None:
+        ticks.append(time.monotonic())
+        await tick(loop)
+
+    monkeypatch.setattr(ClusterLoop, "tick", counted_tick)
+    kube.create(cluster_manifest(ns))
+    with running_as(chart_operator, config=OperatorConfig(steady_interval=0.2, busy_interval=0.1)):
+        cluster_with_status(kube, ns, "observedGeneration", "the first status")
+        time.sleep(1.0)
+        settled = len(ticks)
+        time.sleep(2.0)
+        assert len(ticks) - settled <= 1, ticks  # 0.2 s apart, ten would have come
+        changed = time.monotonic()
+        kube.merge("postgresclusters", ns, "hippo", {"spec": {"instances": 5}})
+        spec_observed(kube, ns)
+        assert time.monotonic() - changed < 3.0  # woken by the watch, not by the 10 s timer
+
+
 def test_a_one_instance_cluster_has_no_disruption_budget(
     kube: Kube, namespace: str, chart_operator: ChartIdentity
 ) -> None:

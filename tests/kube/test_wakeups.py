@@ -9,9 +9,9 @@ from pgherd.kube.api import KubeApi
 from pgherd.kube.loop import ClusterLoop, OperatorConfig, Wakeups
 
 
-def _loop() -> ClusterLoop:
+def _loop(**config_fields: float) -> ClusterLoop:
     body: dict[str, Any] = {"metadata": {"name": "c", "namespace": "ns"}}
-    config = OperatorConfig(steady_interval=2.0, busy_interval=0.3)
+    config = OperatorConfig(steady_interval=2.0, busy_interval=0.3, **config_fields)  # type: ignore[arg-type]
     api: Any = object.__new__(KubeApi)  # never called: interval() reads no API
     return ClusterLoop(api, config, holding=lambda: True, gather=lambda _: None, body=lambda: body)  # type: ignore[arg-type,return-value]
 
@@ -25,6 +25,33 @@ def test_busy_pace_only_while_agents_answer_what_an_operation_waits_for() -> Non
     assert loop.interval() == 0.3
     loop.last_phase = "Running"
     assert loop.interval() == 2.0
+
+
+def test_a_cluster_without_pods_or_operation_waits_for_what_wakes_it() -> None:
+    """No pod: nothing to ask, and its pods, Jobs and spec wake it; ticking every 2 s would only decide
+    the same again (2,000 such clusters: 1,000 ticks a second on the API server's cores). An operation in
+    flight keeps its pace (its timeouts are clocks), and so does a cluster whose pods are back."""
+    from datetime import UTC, datetime
+
+    from pgherd.engine import EngineStatus
+    from pgherd.engine.status import Operation, OperationKind
+
+    loop = _loop()
+    loop.last_phase, loop.polled, loop.had_pods = "Creating", False, False
+    assert loop.interval() == 10.0
+    loop.engine = EngineStatus()
+    assert loop.interval() == 10.0
+    loop.engine = EngineStatus(operation=Operation(OperationKind.SWITCHOVER, datetime.now(UTC)))
+    assert loop.interval() == 2.0
+    loop.engine, loop.had_pods = EngineStatus(), True
+    assert loop.interval() == 2.0
+    # The user's certificate Secrets are read again by time: never less often than that.
+    loop = _loop(certificate_secrets_interval=4.0)
+    loop.had_pods = False
+    assert loop.interval() == 4.0
+    loop = _loop(idle_interval=0.5)
+    loop.had_pods = False
+    assert loop.interval() == 2.0  # never faster than the steady pace
 
 
 def test_a_lost_primary_is_looked_at_again_when_its_detection_ends() -> None:

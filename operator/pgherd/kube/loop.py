@@ -59,6 +59,10 @@ log = logging.getLogger("pgherd.kube.loop")
 
 STEADY_INTERVAL = 2.0
 BUSY_INTERVAL = 0.3
+# A cluster without pods and without an operation in flight: nothing to ask, and what it waits for (its
+# pods, Jobs, its spec) wakes it. Every 2 s it would decide the same again: at 2,000 such clusters a
+# quarter of a core, which the API server needs (bench/operator_scale.py).
+IDLE_INTERVAL = 10.0
 # A tick due when a failure is confirmed comes this much later: the statuses it reads must show it.
 DETECTION_SLACK = 0.02
 # At most this much earlier than its end is detection's tick started (a poll slowed by a dead agent).
@@ -84,6 +88,7 @@ class OperatorConfig:
     log_format: str = "text"  # --log-format: the members' agents are given it too (PGHERD_LOG_FORMAT)
     steady_interval: float = STEADY_INTERVAL
     busy_interval: float = BUSY_INTERVAL
+    idle_interval: float = IDLE_INTERVAL
     certificate_secrets_interval: float = CERTIFICATE_SECRETS_INTERVAL
     # The connections the clusters' requests share (KubeApi's pool), and how many loops' starting ticks
     # (`ClusterLoop.starting`) run at once.
@@ -140,6 +145,7 @@ class ClusterLoop:
         self._any_since: float | None = None  # when a `switchover-to: any` request was first seen
         self._any_target: str | None = None  # and the member chosen for it
         self.polled = False  # the last tick asked at least one agent
+        self.had_pods = True  # the last tick saw a pod of the cluster (until a tick says otherwise)
         self._poll_seconds = 0.0  # how long the last tick took to gather its agents' statuses
         self.objects_refused = False  # the last tick's owned objects were refused: Failed stands
         # The inputs of the status document last compared with (or written as) `status_doc`, and that
@@ -161,9 +167,14 @@ class ClusterLoop:
 
     def interval(self) -> float:
         """Fast while something is in flight and agents answer what it waits for (their /status changes
-        raise no watch event); otherwise steady: what it waits for then (pods, Jobs, the spec) wakes it."""
+        raise no watch event); otherwise steady: what it waits for then (pods, Jobs, the spec) wakes it.
+        Idle without a pod and an operation: the user's certificate Secrets, read again by time, and the
+        engine's own clocks (a schedule, a timeout) are the only things a tick may find new then."""
         busy = self.last_phase not in (None, "Running", "Paused") and self.polled
         interval = self.config.busy_interval if busy else self.config.steady_interval
+        if not self.had_pods and (self.engine is None or self.engine.operation is None):
+            idle = min(self.config.idle_interval, self.config.certificate_secrets_interval)
+            interval = max(interval, idle)
         due = self._detection_due()
         return interval if due is None else min(interval, due)
 
@@ -237,6 +248,7 @@ class ClusterLoop:
         )
         self._poll_seconds = min(time.monotonic() - observed_at, MAX_POLL_LEAD) if addresses else 0.0
         self.polled = bool(addresses)
+        self.had_pods = bool(objects.pods)
         switchover_to = self._switchover_target(body, objects, statuses)
         view = cluster_view(
             objects,
