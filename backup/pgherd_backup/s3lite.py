@@ -22,6 +22,7 @@ from xml.etree import ElementTree
 from xml.sax.saxutils import escape
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+MAX_IDLE = 16  # idle connections kept per host
 
 
 class LiteS3Error(Exception):
@@ -101,19 +102,36 @@ class LiteS3:
         else:
             self.scheme, self.netloc = "https", f"s3.{region}.amazonaws.com"
         self.path_style = path_style
-        self._local = threading.local()
+        # Idle connections by host, shared by the threads (each takes one for a request and gives it
+        # back): the WAL service answers each request in a thread of its own, and a connection per
+        # thread cost a TCP and TLS handshake per restore_command, inside a switchover's outage.
+        self._idle: dict[str, list[http.client.HTTPConnection]] = {}
+        self._idle_lock = threading.Lock()
+        self.connections_made = 0
+        self.requests_made = 0
 
-    def _connection(self, host: str) -> http.client.HTTPConnection:
-        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
-        if conn is None or getattr(self._local, "host", None) != host:
-            if self.scheme == "https":
+    def _take(self, host: str) -> tuple[http.client.HTTPConnection, bool]:
+        """A connection to `host`, and whether it served a request before (it may have been closed by
+        the server since)."""
+        with self._idle_lock:
+            idle = self._idle.get(host)
+            if idle:
+                return idle.pop(), True
+            self.connections_made += 1
+        if self.scheme == "https":
+            with self._idle_lock:
                 if self._tls is None:  # once, at the first connection (shared by the threads)
                     self._tls = tls_context(self.ca_bundle)
-                conn = http.client.HTTPSConnection(host, timeout=self.connect_timeout, context=self._tls)
-            else:
-                conn = http.client.HTTPConnection(host, timeout=self.connect_timeout)
-            self._local.conn, self._local.host = conn, host
-        return conn
+            return http.client.HTTPSConnection(host, timeout=self.connect_timeout, context=self._tls), False
+        return http.client.HTTPConnection(host, timeout=self.connect_timeout), False
+
+    def _give_back(self, host: str, conn: http.client.HTTPConnection) -> None:
+        with self._idle_lock:
+            idle = self._idle.setdefault(host, [])
+            if len(idle) < MAX_IDLE:
+                idle.append(conn)
+                return
+        conn.close()
 
     def _target(self, bucket: str, key: str | None) -> tuple[str, str]:
         if self.path_style:
@@ -172,20 +190,30 @@ class LiteS3:
         signed = self._sign(method, host, path, query, payload_hash, headers or {})
         if body or method in ("PUT", "POST"):
             signed["content-length"] = str(len(body))
-        conn = self._connection(host)
-        try:
-            if conn.sock is None:
-                conn.connect()
-                assert conn.sock is not None
-                conn.sock.settimeout(self.timeout)  # connect fast or fail; then wait for slow answers
-            conn.request(method, f"{path}?{query}" if query else path, body=body or None, headers=signed)
-            response = conn.getresponse()
-            data = response.read()
-        except (http.client.HTTPException, OSError):
-            conn.close()
-            self._local.conn = None
-            raise
-        return response.status, {k.lower(): v for k, v in response.getheaders()}, data
+        self.requests_made += 1  # not exact across threads: a figure, not a count anything relies on
+        while True:
+            conn, reused = self._take(host)
+            try:
+                if conn.sock is None:
+                    conn.connect()
+                    assert conn.sock is not None
+                    conn.sock.settimeout(self.timeout)  # connect fast or fail; then wait for slow answers
+                conn.request(method, f"{path}?{query}" if query else path, body=body or None, headers=signed)
+                response = conn.getresponse()
+                data = response.read()
+            except (http.client.HTTPException, OSError) as exc:
+                conn.close()
+                # An idle connection the server closed meanwhile fails at once (reset, broken pipe, closed
+                # without an answer): the request is made again on a new one. Not a timeout, and not a
+                # POST (a multipart upload's start or end), which is not idempotent.
+                if reused and isinstance(exc, ConnectionError) and method != "POST":
+                    continue
+                raise
+            if response.will_close:
+                conn.close()
+            else:
+                self._give_back(host, conn)
+            return response.status, {k.lower(): v for k, v in response.getheaders()}, data
 
     @staticmethod
     def _error(status: int, data: bytes) -> LiteS3Error:

@@ -1,4 +1,4 @@
-"""The agent with an object store: WAL archived through wal-push, a member seeded from a snapshot (as
+"""The agent with an object store: WAL archived through the agent's WAL service (wal-push without it), a member seeded from a snapshot (as
 a standby, or by a targeted recovery that promotes), restore_command asking the agent's WAL service."""
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ def test_archiving_and_seeding_from_a_snapshot(agents, s3_store, agent):
     replica.wait_until(lambda: replica.value("SELECT count(*) FROM t") == 1500, "the rows written after")
     settings = read_pgherd_conf(replica.pgdata)
     socket = Path(settings["unix_socket_directories"]) / "wal.sock"
-    assert socket.exists()  # the WAL service restore_command asks first
-    assert str(socket) in settings["restore_command"] and "wal-push" in settings["archive_command"]
+    assert socket.exists()  # the WAL service archive_command and restore_command ask first
+    assert str(socket) in settings["restore_command"]
+    assert str(socket) in settings["archive_command"] and "wal-push" in settings["archive_command"]
 
     # without an upstream: recover the archive to the target, then promote (bootstrap from a backup)
     restored = agents(MEMBERS[2], "--seed", "snapshot", "--recovery-target", "immediate", *store, env=s3)

@@ -4,6 +4,7 @@ service says so, and behaves exactly as before whenever the service cannot answe
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -13,11 +14,12 @@ from pathlib import Path
 import pytest
 from backup_helpers import recording_agent, run_restore_command
 
+from pgherd_backup.layout import Layout
 from pgherd_backup.postgres import config
 from pgherd_backup.postgres.control import read_system_id
 from pgherd_backup.restore import agent_executable
 from pgherd_backup.store import S3Settings, Store, StoreLocation
-from pgherd_backup.walservice import WalService, socket_path_for
+from pgherd_backup.walservice import MISS_TTL, WalService, socket_path_for
 
 SEGMENT = "000000010000000000000042"
 
@@ -129,6 +131,123 @@ def test_a_miss_is_answered_again_for_a_moment_then_asked_anew(tmp_path, archive
         history = tmp_path / name
         history.write_text("6\t0/3000000\tno recovery target specified\n")
         assert agent("wal-push", "--system-id", read_system_id(archived.pgdata), str(history)).returncode == 0
+        assert answer() == "200"
+    finally:
+        service.stop()
+
+
+def test_the_service_asks_the_store_over_one_kept_connection(archived):
+    """Each request is answered in a thread of its own: the store's connection is kept between them
+    (not a TCP and TLS handshake per restore_command), and one the server closed meanwhile is replaced."""
+
+    def answer(name: str) -> str:
+        asked = subprocess.run(
+            [
+                "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
+                "--unix-socket", str(archived.service.socket_path),
+                f"http://pgherd/wal/{name}?pgdata={archived.pgdata}",
+            ],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        return asked.stdout
+
+    backend = archived.service.store.backend
+    made = backend.connections_made
+    for i in range(5):
+        assert answer(f"0000000100000000000000{0x50 + i:02X}") == "404"
+    assert answer(SEGMENT) == "200"
+    assert backend.connections_made - made <= 1
+    # The kept connection broken (as when the server closes it): the next request is answered all the
+    # same, on a new one.
+    for idle in backend._idle.values():
+        for conn in idle:
+            conn.sock.shutdown(socket.SHUT_RDWR)
+    assert answer("000000010000000000000060") == "404"
+    assert answer(SEGMENT) == "200"
+
+
+def test_archive_command_pushes_through_the_service_and_falls_back_without_it(tmp_path, archived, s3_store):
+    """archive_command asks the service to push (no process started); a refusal, a file PostgreSQL has
+    not handed over (no .ready mark) and a stopped service each leave it to wal-push."""
+    store = Store(StoreLocation.parse(s3_store.url, s3_store.cluster), S3Settings.from_env(s3_store.env()))
+    failure = tmp_path / "archive-failure"
+    failure.write_text("the last push failed")
+    service = WalService(store, tmp_path / "push.sock", archived.pgdata.parent, failure_file=failure).start()
+    fake_agent, calls = recording_agent(tmp_path)
+    command = config.archive_command(fake_agent, wal_service=str(service.socket_path))
+    wal = archived.pgdata / "pg_wal"
+
+    def archive(name: str, content: bytes, ready: bool = True) -> int:
+        (wal / name).write_bytes(content)
+        mark = wal / "archive_status" / f"{name}.ready"
+        if ready:
+            mark.touch()
+        try:
+            return run_restore_command(command, name, archived.pgdata, dest=f"pg_wal/{name}")
+        finally:
+            mark.unlink(missing_ok=True)
+
+    try:
+        name = "000000010000000000000070"
+        content = os.urandom(1 << 16) * 8
+        assert archive(name, content) == 0
+        assert not calls.exists()
+        assert not failure.exists()  # the note of the last failure goes with a success
+        # In the archive as wal-push stores it: the real restore_command gets the same bytes back.
+        restore = config.restore_command(agent_executable(), wal_service=str(archived.service.socket_path))
+        assert run_restore_command(restore, name, archived.pgdata, env=s3_store.env()) == 0
+        assert (wal / "RECOVERYXLOG").read_bytes() == content
+        assert archive(name, content) == 0  # again: already archived, the same content
+
+        # Different content under an archived name: refused, and wal-push says why.
+        assert archive(name, os.urandom(1 << 16)) == 1
+        assert calls.read_text().splitlines() == [f"wal-push pg_wal/{name}"]
+        # Not handed over by PostgreSQL (a segment still being written): never pushed by the service.
+        assert archive("000000010000000000000071", content, ready=False) == 1
+        assert calls.read_text().splitlines()[-1] == "wal-push pg_wal/000000010000000000000071"
+        assert not store.exists(
+            Layout(store.location, read_system_id(archived.pgdata)).wal_key("000000010000000000000071")
+        )
+        service.stop()
+        assert archive("000000010000000000000072", content) == 1
+        assert calls.read_text().splitlines()[-1] == "wal-push pg_wal/000000010000000000000072"
+    finally:
+        service.stop()
+
+
+def test_a_standby_switching_timeline_is_told_segments_are_not_archived_for_a_moment(archived):
+    """Right after a standby's WAL receiver stored a new timeline's history (its upstream promoted), the
+    standby asks the archive for the segment it reads on the new timeline and on the old one before it
+    streams again; its upstream has both. For miss_ttl after that history file landed, a segment is
+    answered "not archived" without asking the store (an S3 HEAD each, slowed by the new primary's own
+    uploads of that moment); a history file is always asked, and a restore (no standby.signal) too."""
+    service = WalService(
+        archived.service.store, archived.pgdata.parent / "switch.sock", archived.pgdata.parent
+    )
+    service.start()
+
+    def answer() -> str:
+        asked = subprocess.run(
+            [
+                "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", str(service.socket_path),
+                f"http://pgherd/wal/{SEGMENT}?pgdata={archived.pgdata}",
+            ],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        return asked.stdout
+
+    try:
+        history = archived.pgdata / "pg_wal" / "00000002.history"
+        history.write_text("1\t0/42000000\tno recovery target specified\n")
+        assert answer() == "200"  # not a standby: a restore is always told the truth
+        (archived.pgdata / "standby.signal").touch()
+        assert answer() == "404"
+        backend = archived.service.store.backend
+        asked = backend.requests_made
+        assert answer() == "404"
+        assert backend.requests_made == asked  # the store was not asked
+        past = time.time() - 2 * MISS_TTL
+        os.utime(history, (past, past))
         assert answer() == "200"
     finally:
         service.stop()

@@ -352,7 +352,11 @@ class Instance:
             self.pg_tls.install()
             extra.update(self.pg_tls.settings())
         command = (
-            archive_command(self.agent_executable, options.store, options.cluster) if options.store else None
+            archive_command(
+                self.agent_executable, options.store, options.cluster, wal_service=str(options.wal_socket)
+            )
+            if options.store
+            else None
         )
         return member_settings(
             options.pg_port,

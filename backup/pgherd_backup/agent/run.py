@@ -161,9 +161,11 @@ def _metrics_server(instance: Instance) -> MetricsServer | None:
 
 
 def _wal_service(options: AgentOptions) -> WalService | None:
-    """The WAL service restore_command asks first (see walservice.py); only with a store."""
+    """The WAL service archive_command and restore_command ask first (walservice.py); only with a store."""
     if not options.store:
         return None
     from pgherd_backup.walservice import WalService
 
-    return WalService(options.open_store(), options.wal_socket, options.volume).start()
+    return WalService(
+        options.open_store(), options.wal_socket, options.volume, failure_file=options.archive_failure_file
+    ).start()
