@@ -19,7 +19,11 @@ of the chart's ServiceAccount. Then N clusters are created (8 connections) and m
   watcher). At 2,000 clusters on 2 cores the deliveries, not the operator, made most of it
   (docs/kube.md, "Where the latency goes");
 - the operator's peak RSS (VmHWM) and CPU seconds, beside the CPU seconds of kube-apiserver, etcd and
-  this process (its watches and requests) over the whole run, all read from /proc.
+  this process (its watches and requests) over the whole run, all read from /proc;
+- the operator's and the API server's CPU per change (ms/change): what each used from the first PATCH
+  until every status caught up, divided by the changes. The two share this machine's cores: when the
+  operator's cost per change exceeds what its share of them affords at the bench's pace, it falls behind
+  (docs/kube.md, "The operator's share of the CPU").
 
 Targets at 500 clusters (issue #12): p99 under 2 s, RSS under 300 MB.
 """
@@ -324,11 +328,21 @@ def run(n: int, timeout: float, settle: float = 3.0) -> dict[str, Any]:
                 if (name, generation) in first_seen
             ]
 
+        cpu_at_change = {"operator": cpu_seconds(operator.pid)}
+        cpu_at_change.update({name: cpu_seconds(pid) for name, pid in components.items()})
         api.in_parallel(partial(change, f"c{i:04d}") for i in range(n))
         deadline = time.monotonic() + timeout
         while len(caught_up()) < n and time.monotonic() < deadline:
             time.sleep(0.05)
         latency = caught_up()
+        # CPU from the first PATCH until every cluster's status caught up, per change (the settled
+        # clusters' ticks of that time included).
+        per_change = {
+            name: (cpu_seconds(operator.pid if name == "operator" else components[name]) - before)
+            * 1000
+            / max(len(latency), 1)
+            for name, before in cpu_at_change.items()
+        }
         wall = time.time() - time.monotonic()
         seen_at = {
             name: first_seen[(name, generation)] + wall
@@ -345,6 +359,8 @@ def run(n: int, timeout: float, settle: float = 3.0) -> dict[str, Any]:
             "p99_s": percentile(latency, 0.99) if latency else float("nan"),
             "to_op_s": _p50_p99(to_operator),
             "to_bench_s": _p50_p99(to_bench),
+            "op_ms_per_change": per_change["operator"],
+            "apiserver_ms_per_change": per_change["kube-apiserver"],
             "operator_rss_mb": peak_rss_mb(operator.pid),
             "operator_cpu_s": cpu_seconds(operator.pid),
             "apiserver_cpu_s": cpu_seconds(components["kube-apiserver"]) - cpu_before["kube-apiserver"],
@@ -380,6 +396,8 @@ COLUMNS = (
     ("caught up", "caught_up", "d"),
     ("to op p50/p99", "to_op_s", "s"),
     ("to bench p50/p99", "to_bench_s", "s"),
+    ("op ms/change", "op_ms_per_change", ".2f"),
+    ("apiserver ms/change", "apiserver_ms_per_change", ".2f"),
     ("op RSS MB", "operator_rss_mb", ".0f"),
     ("op CPU s", "operator_cpu_s", ".1f"),
     ("apiserver CPU s", "apiserver_cpu_s", ".1f"),

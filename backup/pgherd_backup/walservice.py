@@ -35,7 +35,9 @@ new timeline's when the upstream was promoted), a segment is answered "not archi
 standby asks for the one it reads, on the new timeline and on the old, before it streams again from an
 upstream that has both; each HEAD then competed with the new primary's uploads of the same moment
 (26-113 ms on localkube, with the first quorum commit after a switchover waiting for it). An answer
-that is wrong costs the same as a remembered miss: a try at streaming, then the archive again.
+that is wrong costs the same as a remembered miss: a try at streaming, then the archive again. Neither
+answer is given while the agent promotes its PostgreSQL (`promoting`): the end of a standby's recovery
+reads what the archive holds, and a stale "not archived" would end it short of WAL the archive has.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import socketserver
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
@@ -76,6 +79,7 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     store: Store
     data_root: Path
     failure_file: str | None  # wal-push's note of its last failure, removed after a success
+    promoting: Callable[[], bool]  # the agent promotes its PostgreSQL: every answer is the store's
     miss_ttl: float
     misses: dict[str, float]  # archive key -> until when it is answered "not archived" unasked
     misses_lock: threading.Lock
@@ -126,7 +130,9 @@ class _Handler(BaseHTTPRequestHandler):
         name, pgdata = target
         try:
             key = Layout(self.server.store.location, read_system_id(pgdata)).wal_key(name)
-            standby = (pgdata / "standby.signal").exists()  # it asks again; a recovery does not
+            # A standby asks again; a recovery does not, nor a standby being promoted: the end of its
+            # recovery reads what the archive holds, and a stale "not archived" would end it short.
+            standby = (pgdata / "standby.signal").exists() and not self.server.promoting()
             if standby and self.server.missed(key):
                 return 404
             if standby and not name.endswith(".history") and self._switching_timeline(pgdata):
@@ -177,8 +183,10 @@ class WalService:
         data_root: Path,
         miss_ttl: float = MISS_TTL,
         failure_file: Path | None = None,
+        promoting: Callable[[], bool] = lambda: False,
     ) -> None:
         self.socket_path = socket_path
+        self._promoting = promoting
         self._server: _Server | None = None
         self.store = store
         self._failure_file = failure_file
@@ -191,6 +199,7 @@ class WalService:
         server = _Server(str(self.socket_path), _Handler)
         server.store = self.store
         server.failure_file = str(self._failure_file) if self._failure_file else None
+        server.promoting = self._promoting
         server.data_root = self._data_root
         server.miss_ttl, server.misses, server.misses_lock = self._miss_ttl, {}, threading.Lock()
         os.chmod(self.socket_path, 0o666)  # restore_command runs as the PostgreSQL account

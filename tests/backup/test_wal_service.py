@@ -251,3 +251,34 @@ def test_a_standby_switching_timeline_is_told_segments_are_not_archived_for_a_mo
         assert answer() == "200"
     finally:
         service.stop()
+
+
+def test_a_standby_being_promoted_is_told_what_the_archive_holds(archived):
+    """While the agent promotes its PostgreSQL, neither a remembered miss nor a timeline switch's answers
+    a request: the end of recovery reads what the archive holds."""
+    promoting = [False]
+    service = WalService(
+        archived.service.store,
+        archived.pgdata.parent / "promote.sock",
+        archived.pgdata.parent,
+        promoting=lambda: promoting[0],
+    ).start()
+
+    def answer() -> str:
+        asked = subprocess.run(
+            [
+                "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", str(service.socket_path),
+                f"http://pgherd/wal/{SEGMENT}?pgdata={archived.pgdata}",
+            ],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        return asked.stdout
+
+    try:
+        (archived.pgdata / "standby.signal").touch()
+        (archived.pgdata / "pg_wal" / "00000002.history").write_text("1\t0/42000000\tno recovery target\n")
+        assert answer() == "404"  # a timeline switch's answer
+        promoting[0] = True
+        assert answer() == "200"
+    finally:
+        service.stop()

@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -90,7 +91,7 @@ def run(options: AgentOptions) -> int:
             f"cannot listen on {options.listen}:{options.port} ({exc.strerror}): choose another --port"
         ) from None
     metrics = _metrics_server(instance)
-    wal_service = _wal_service(options)
+    wal_service = _wal_service(options, promoting=lambda: instance.action_name == "promote")
     server.start()
     if metrics is not None:
         metrics.start()
@@ -160,12 +161,16 @@ def _metrics_server(instance: Instance) -> MetricsServer | None:
         ) from None
 
 
-def _wal_service(options: AgentOptions) -> WalService | None:
+def _wal_service(options: AgentOptions, promoting: Callable[[], bool]) -> WalService | None:
     """The WAL service archive_command and restore_command ask first (walservice.py); only with a store."""
     if not options.store:
         return None
     from pgherd_backup.walservice import WalService
 
     return WalService(
-        options.open_store(), options.wal_socket, options.volume, failure_file=options.archive_failure_file
+        options.open_store(),
+        options.wal_socket,
+        options.volume,
+        failure_file=options.archive_failure_file,
+        promoting=promoting,
     ).start()
