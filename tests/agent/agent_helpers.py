@@ -250,11 +250,16 @@ def http_raw(
 
 class SlowProxy:
     """A TCP proxy on 127.0.0.1 that holds each new connection `delay` seconds before forwarding it: an
-    upstream that makes a re-clone slow, deterministically."""
+    upstream that makes a re-clone slow, deterministically. With `request_delay`, each request sent on a
+    connection is held too (what the client sends after a lull of LULL: a client keeping its
+    connections, as the agent's WAL service does, is slowed all the same)."""
+
+    LULL = 0.02
 
     def __init__(self, target_port: int, delay: float) -> None:
         self.target_port = target_port
         self.delay = delay
+        self.request_delay = 0.0
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self._closed = False
@@ -275,8 +280,19 @@ class SlowProxy:
         except OSError:
             client.close()
             return
-        for a, b in ((client, upstream), (upstream, client)):
-            threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
+        threading.Thread(target=self._requests, args=(client, upstream), daemon=True).start()
+        threading.Thread(target=_pipe, args=(upstream, client), daemon=True).start()
+
+    def _requests(self, source: socket.socket, sink: socket.socket) -> None:
+        last = 0.0
+        with contextlib.suppress(OSError):
+            while chunk := source.recv(65536):
+                if self.request_delay and time.monotonic() - last > self.LULL:
+                    time.sleep(self.request_delay)
+                sink.sendall(chunk)
+                last = time.monotonic()
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
 
     def close(self) -> None:
         self._closed = True

@@ -175,19 +175,19 @@ def test_the_old_majors_archive_holds_every_segment_the_stop_left_behind(agents,
         assert len(waiting) >= 2, waiting  # the archiver is behind: what the test is about
         return waiting
 
-    s3_proxy.delay = 1.0
+    s3_proxy.request_delay = 1.0
     behind = backlog(4)
     primary.client.upgrade(NEW, check=True, request_id="check")
     checked = _outcome(primary, "check")
     assert checked.ok and "the archive caught up" in checked.detail, checked
     assert behind <= _archived(s3_store)
 
-    s3_proxy.delay = 4.0  # 4 s per archived file: the fast shutdown cannot wait for them
+    s3_proxy.request_delay = 4.0  # 4 s per archived file: the fast shutdown cannot wait for them
     behind = backlog(4)
     primary.client.fence(reason="writes stopped for the upgrade")
     left = _waiting(primary)
     assert left and not left <= _archived(s3_store), left  # the stop left segments unarchived
-    s3_proxy.delay = 0.0
+    s3_proxy.request_delay = 0.0
     primary.client.upgrade(NEW, request_id="upgrade")
     done = _outcome(primary, "upgrade")
     assert done.ok, done
