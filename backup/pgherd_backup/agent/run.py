@@ -7,6 +7,8 @@ answer from the first second.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -62,7 +64,21 @@ def configure_logging(options: AgentOptions, credentials: Credentials) -> None:
 CERTIFICATE_CHECK = 10
 
 
+# glibc's M_MMAP_THRESHOLD (mallopt): set, it no longer rises to the size of the last large block freed.
+_M_MMAP_THRESHOLD = -3
+_MMAP_THRESHOLD = 128 * 1024
+
+
+def return_large_blocks() -> None:
+    """Blocks over 128 KiB mapped and unmapped, always. The WAL service pushes 16 MiB segments in the
+    agent's process (their bytes, a digest, the compressed copy): with glibc's sliding threshold every
+    push after the first came from the heap and stayed, about 40 MB more RSS for the agent's life."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)  # not glibc: nothing to do
+
+
 def run(options: AgentOptions) -> int:
+    return_large_blocks()
     credentials = load_credentials(options)
     configure_logging(options, credentials)
     served = None
