@@ -24,6 +24,18 @@ from pgherd_backup.walservice import MISS_TTL, WalService, socket_path_for
 SEGMENT = "000000010000000000000042"
 
 
+def ask(socket_path: Path, name: str, pgdata: Path) -> str:
+    """The service's answer (its HTTP status) to `GET /wal/<name>?pgdata=<pgdata>`, as restore_command asks."""
+    asked = subprocess.run(
+        [
+            "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", str(socket_path),
+            f"http://pgherd/wal/{name}?pgdata={pgdata}",
+        ],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return asked.stdout
+
+
 @dataclass
 class Archived:
     pgdata: Path  # a real data directory (initdb), whose system id keys the archive
@@ -58,15 +70,7 @@ def test_the_service_answers_misses_and_restore_command_falls_back_without_it(tm
 
     # A data directory the service was not started for gets no answer (400).
     outside = tmp_path.parent / "elsewhere"
-    asked = subprocess.run(
-        [
-            "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
-            "--unix-socket", str(archived.service.socket_path),
-            f"http://pgherd/wal/{SEGMENT}?pgdata={outside}",
-        ],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert asked.stdout == "400"
+    assert ask(archived.service.socket_path, SEGMENT, outside) == "400"
 
     # No service: every call goes to the agent again; nothing is answered wrongly.
     archived.service.stop()
@@ -95,14 +99,7 @@ def test_a_miss_is_answered_again_for_a_moment_then_asked_anew(tmp_path, archive
         command = config.restore_command(agent_executable(), wal_service=str(service.socket_path))
 
         def answer() -> str:
-            asked = subprocess.run(
-                [
-                    "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", str(service.socket_path),
-                    f"http://pgherd/wal/{name}?pgdata={archived.pgdata}",
-                ],
-                capture_output=True, text=True, check=False,
-            )  # fmt: skip
-            return asked.stdout
+            return ask(service.socket_path, name, archived.pgdata)
 
         # A data directory in archive recovery (a restore: its first miss ends it) is never answered
         # from a remembered miss; a standby's (which asks again) is.
@@ -141,15 +138,7 @@ def test_the_service_asks_the_store_over_one_kept_connection(archived):
     (not a TCP and TLS handshake per restore_command), and one the server closed meanwhile is replaced."""
 
     def answer(name: str) -> str:
-        asked = subprocess.run(
-            [
-                "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
-                "--unix-socket", str(archived.service.socket_path),
-                f"http://pgherd/wal/{name}?pgdata={archived.pgdata}",
-            ],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        return asked.stdout
+        return ask(archived.service.socket_path, name, archived.pgdata)
 
     backend = archived.service.store.backend
     made = backend.connections_made
@@ -227,14 +216,7 @@ def test_a_standby_switching_timeline_is_told_segments_are_not_archived_for_a_mo
     service.start()
 
     def answer() -> str:
-        asked = subprocess.run(
-            [
-                "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", str(service.socket_path),
-                f"http://pgherd/wal/{SEGMENT}?pgdata={archived.pgdata}",
-            ],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        return asked.stdout
+        return ask(service.socket_path, SEGMENT, archived.pgdata)
 
     try:
         history = archived.pgdata / "pg_wal" / "00000002.history"
@@ -265,14 +247,7 @@ def test_a_standby_being_promoted_is_told_what_the_archive_holds(archived):
     ).start()
 
     def answer() -> str:
-        asked = subprocess.run(
-            [
-                "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", str(service.socket_path),
-                f"http://pgherd/wal/{SEGMENT}?pgdata={archived.pgdata}",
-            ],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        return asked.stdout
+        return ask(service.socket_path, SEGMENT, archived.pgdata)
 
     try:
         (archived.pgdata / "standby.signal").touch()

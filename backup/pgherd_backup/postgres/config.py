@@ -138,6 +138,20 @@ def agent_command(executable: str, *args: str) -> str:
     return " ".join(shell_argument(a) if a not in PLACEHOLDERS else a for a in (executable, *args))
 
 
+def _store_flags(store: str | None, cluster: str | None) -> list[str]:
+    """wal-push's and wal-fetch's flags; without them, $PGHERD_STORE and $PGHERD_CLUSTER."""
+    return [*(["--store", store] if store else []), *(["--cluster", cluster] if cluster else [])]
+
+
+def _service_answer(wal_service: str, route: str, curl_options: str) -> str:
+    """The shell expansion of the WAL service's HTTP status for `/<route>/%f` of this data directory
+    (empty when it does not answer). `%%` is PostgreSQL's escape for curl's literal `%{http_code}`."""
+    return (
+        f"$(curl -s -o /dev/null -w '%%{{http_code}}' {curl_options} --unix-socket "
+        f'{shell_argument(wal_service)} "http://pgherd/{route}/%f?pgdata=$PWD" 2>/dev/null)'
+    )
+
+
 def archive_command(
     executable: str,
     store: str | None = None,
@@ -152,15 +166,12 @@ def archive_command(
     was 0.1-0.2 s of every switchover. Only its 200 counts as archived; anything else (no service, no
     curl, a refusal) runs wal-push, which pushes or reports the problem as without the service.
     """
-    flags = [*(["--store", store] if store else []), *(["--cluster", cluster] if cluster else [])]
-    push = agent_command(executable, "wal-push", *flags, "%p")
+    push = agent_command(executable, "wal-push", *_store_flags(store, cluster), "%p")
     if not wal_service:
         return push
-    ask = (
-        "test \"$(curl -s -o /dev/null -w '%%{http_code}' --max-time 60 -X POST --unix-socket "
-        f'{shell_argument(wal_service)} "http://pgherd/archive/%f?pgdata=$PWD" 2>/dev/null)" = 200 && exit 0'
+    return (
+        f'test "{_service_answer(wal_service, "archive", "--max-time 60 -X POST")}" = 200 && exit 0; {push}'
     )
-    return f"{ask}; {push}"
 
 
 def restore_command(
@@ -182,14 +193,10 @@ def restore_command(
 
     `%%` is PostgreSQL's escape for a literal `%` (curl's `%{http_code}`).
     """
-    flags = [*(["--store", store] if store else []), *(["--cluster", cluster] if cluster else [])]
-    fetch = agent_command(executable, "wal-fetch", *flags, "%f", "%p")
+    fetch = agent_command(executable, "wal-fetch", *_store_flags(store, cluster), "%f", "%p")
     steps = ['case %f in *.history) test -f pg_wal/%f && exec cp pg_wal/%f "%p";; esac']
     if wal_service:
-        steps.append(
-            "test \"$(curl -s -o /dev/null -w '%%{http_code}' --max-time 2 --unix-socket "
-            f'{shell_argument(wal_service)} "http://pgherd/wal/%f?pgdata=$PWD" 2>/dev/null)" = 404 && exit 1'
-        )
+        steps.append(f'test "{_service_answer(wal_service, "wal", "--max-time 2")}" = 404 && exit 1')
     steps.append(fetch)
     return "; ".join(steps)
 
