@@ -166,6 +166,7 @@ def member_view(
         terminating=status.terminating,
         # A fence remembered for a member whose pod is gone stands in for its agent: nothing runs.
         absent=process_gone and not filling,
+        busy=status.action is not None,
         data_major=status.data_major,
         analyzing=status.analyzing,
         last_action=_action_end(status),

@@ -252,7 +252,8 @@ class SlowProxy:
     """A TCP proxy on 127.0.0.1 that holds each new connection `delay` seconds before forwarding it: an
     upstream that makes a re-clone slow, deterministically. With `request_delay`, each request sent on a
     connection is held too (what the client sends after a lull of LULL: a client keeping its
-    connections, as the agent's WAL service does, is slowed all the same)."""
+    connections, as the agent's WAL service does, is slowed all the same). Once closed, it refuses new
+    connections and drops those it still holds."""
 
     LULL = 0.02
 
@@ -275,6 +276,9 @@ class SlowProxy:
 
     def _serve(self, client: socket.socket) -> None:
         time.sleep(self.delay)
+        if self._closed:  # closed meanwhile: the upstream went away for those still held too
+            client.close()
+            return
         try:
             upstream = socket.create_connection(("127.0.0.1", self.target_port))
         except OSError:

@@ -166,6 +166,39 @@ def test_a_running_replica_is_repointed_without_a_restart(pair, agents):
     assert status.postmaster_since == since  # not restarted
 
 
+def test_a_rejoin_whose_upstream_stops_answering_leaves_the_replica_running_and_whole(pair):
+    """An upstream that answered when the rejoin began and stopped before the replica streamed from it
+    (the primary fenced by a switchover meanwhile): the replica was stopped to be rewound, pg_rewind could
+    not reach the upstream, and the re-clone after it moved the data directory aside and failed too
+    (CI, 2026-12-06). Now it refuses: the replica runs on, read-only, its data in place."""
+    primary, replica = pair
+    kept_before = replica.status().kept_aside
+    proxy = SlowProxy(primary.pg_port, delay=3.0)  # answers, slowly: the replica cannot stream at once
+    address = f"127.0.0.1:{proxy.port}"
+    outcome: list[ActionResult | AgentError] = []
+
+    def rejoin() -> None:
+        try:
+            outcome.append(replica.client.rejoin(address, reason="follow a member about to stop"))
+        except AgentError as exc:
+            outcome.append(exc)
+
+    slow = threading.Thread(target=rejoin)
+    slow.start()
+    try:
+        replica.wait_until(lambda: replica.status().upstream == address, "the re-point", timeout=20)
+    finally:
+        proxy.close()  # the upstream goes away before the replica streams from it
+    slow.join(60)
+    assert len(outcome) == 1 and isinstance(outcome[0], AgentActionError), outcome
+    assert outcome[0].status == 409 and "does not answer" in outcome[0].message
+    status = replica.status()
+    assert (status.postmaster, status.role, status.action) == ("running", "replica", None)
+    assert status.data_present and status.kept_aside == kept_before
+    back = replica.client.rejoin(primary.address, reason="the primary again")
+    assert back.method == "repoint" and replica.wait_streaming().upstream == primary.address
+
+
 def test_a_fence_wins_over_a_slow_rejoin_and_the_member_stays_stopped(pair):
     primary, replica = pair
     kept_before = len(replica.status().kept_aside)

@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
+from pgherd_backup.errors import PostgresError
 from pgherd_backup.member import SnapshotSource, prepare_member
 from pgherd_backup.postgres.config import read_pgherd_conf
 from pgherd_backup.postgres.control import read_controldata
@@ -111,6 +114,20 @@ def test_old_primary_is_recloned_when_pg_rewind_fails(pg_pair):
     _caught_up(old, new)
     assert sorted(r[0] for r in old.sql("SELECT x FROM t")) == ["after failover", "common"]
     shutil.rmtree(result.kept_aside)
+
+
+def test_a_primary_that_does_not_answer_is_never_a_reason_to_reclone(pg_pair):
+    """pg_rewind failing because the new primary does not answer says nothing of this member's data: a
+    re-clone would fail the same way, after moving that data aside (CI, 2026-12-06)."""
+    old, new = _failover(pg_pair)
+    new.stop()
+    before = sorted(p.name for p in old.pgdata.parent.iterdir())
+    with pytest.raises(PostgresError, match="does not answer"):
+        rejoin_as_standby(old.pgdata, new.dsn)
+    assert sorted(p.name for p in old.pgdata.parent.iterdir()) == before
+    assert (old.pgdata / "PG_VERSION").exists() and not (old.pgdata / "standby.signal").exists()
+    new.start()
+    assert rejoin_as_standby(old.pgdata, new.dsn).method == "rewind"
 
 
 def test_instance_commands(pg_factory, agent):

@@ -78,6 +78,37 @@ def test_target_that_does_not_stream_is_refused() -> None:
     assert not [a for a in decision.actions if isinstance(a, A.Fence)]
 
 
+def test_a_member_carrying_out_an_action_is_no_target_until_it_is_done() -> None:
+    """A rollout restarted pg-2, and its receiver, still connecting, drew a Rejoin: the switchover that
+    came next fenced the primary and asked pg-2, busy with that rejoin, to promote. Its agent took no
+    order until the rejoin ended (its upstream fenced, 10 s later, in failure): the writes waited
+    11 s, then a failover and a second switchover followed (CI, 2026-12-06)."""
+    spec, view, status = settled()
+    busy = replace(view.members[1], busy=True)
+    requested = decide(spec, replace(with_members(view, busy), switchover_to="pg-1"), status)
+    assert not [a for a in requested.actions if isinstance(a, (A.Fence, A.Promote))]
+    assert "carrying out" in requested.message
+    done = decide(spec, replace(view, switchover_to="pg-1"), status)
+    assert [a for a in done.actions if isinstance(a, A.Fence)]
+
+    spec = make_spec(image="img:2")
+    revision = spec_revision(spec)
+    updated = [replace(m, revision=revision) if m.name != "pg-0" else m for m in view.members]
+    rolling = with_members(view, *updated)
+    d = decide(spec, view, status)
+    for _ in range(3):
+        d = decide(
+            spec,
+            with_members(later(rolling, 1), replace(updated[1], busy=True), replace(updated[2], busy=True)),
+            d.status,
+        )
+        assert not [a for a in d.actions if isinstance(a, (A.Fence, A.Promote))], d.actions
+    assert d.phase is Phase.UPGRADING and "carrying out" in d.message
+    d = decide(spec, with_members(later(rolling, 2), replace(updated[2], busy=True)), d.status)
+    fence = [a for a in d.actions if isinstance(a, A.Fence)]
+    assert fence and d.status.operation is not None and d.status.operation.target == "pg-1"
+
+
 def test_rollout_records_plan_then_restarts_most_lagging_replica_first() -> None:
     _, view, status = settled(lsns={1: 990, 2: 900})
     spec = make_spec(image="img:2")

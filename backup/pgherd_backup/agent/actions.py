@@ -237,16 +237,17 @@ def _wait(predicate: Callable[[], bool], timeout: float, every: float = 0.05) ->
     return predicate()
 
 
-def _require_reachable(inst: Instance, upstream: str) -> None:
+def _require_reachable(inst: Instance, upstream: str, *, left: str = "nothing was changed") -> None:
     """A rejoin never starts against an upstream that does not answer: a rewind would fail and the
-    re-clone after it too, leaving the member with its data moved aside and nothing in its place."""
+    re-clone after it too, leaving the member with its data moved aside and nothing in its place.
+    ``left``: what the refusal leaves of the member."""
     try:
         with psycopg.connect(inst.conninfo(upstream, superuser=True), connect_timeout=5) as conn:
             conn.execute("SELECT 1")
     except psycopg.Error as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise Refused(
-            f"the upstream {describe_upstream(upstream)} does not answer ({first}): nothing was changed; "
+            f"the upstream {describe_upstream(upstream)} does not answer ({first}): {left}; "
             "ask again once it runs"
         ) from None
 
@@ -274,6 +275,9 @@ def rejoin(inst: Instance, request: RejoinRequest) -> ActionResult:
                 return ActionResult(
                     "rejoin", method="repoint", detail="re-pointed; streaming", timeline=_timeline(inst)
                 )
+            # Not streaming may be the upstream gone meanwhile (fenced by a switchover): nothing a rewind
+            # or a re-clone could fix, and both would stop the replica first.
+            _require_reachable(inst, upstream, left="still running read-only, following it")
             log.warning("not streaming from the new upstream after %.0fs: stopping to rewind", REPOINT_WAIT)
         inst.stop(checkpoint=role == "primary")
         method, kept = _rebuild(inst, upstream, reclone=request.reclone)

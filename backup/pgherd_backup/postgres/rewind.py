@@ -20,6 +20,11 @@ from pgherd_backup.postgres.seed import basebackup_seed
 log = logging.getLogger(__name__)
 
 
+class SourceUnreachable(PostgresError):
+    """The primary to rewind from does not answer: a re-clone from it would fail too, after moving this
+    member's data aside; nothing is changed."""
+
+
 @dataclass(frozen=True)
 class RejoinResult:
     method: str  # "rewind", "none" (nothing to rewind) or "reclone"
@@ -49,12 +54,20 @@ def checkpoint_source(primary_dsn: str) -> None:
     that CHECKPOINT no rewind is tried (PostgresError: the caller re-clones instead)."""
     import psycopg
 
+    def first_line(exc: Exception) -> str:
+        return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
     try:
-        with psycopg.connect(primary_dsn, autocommit=True, connect_timeout=10) as conn:
+        conn = psycopg.connect(primary_dsn, autocommit=True, connect_timeout=10)
+    except psycopg.Error as exc:
+        raise SourceUnreachable(f"the primary does not answer ({first_line(exc)})") from None
+    try:
+        with conn:
             conn.execute("CHECKPOINT")
     except psycopg.Error as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise PostgresError(f"could not run CHECKPOINT on the primary before pg_rewind: {first}") from None
+        raise PostgresError(
+            f"could not run CHECKPOINT on the primary before pg_rewind: {first_line(exc)}"
+        ) from None
 
 
 def rewind(pgdata: Path, primary_dsn: str, *, bins: PgBinaries, use_archive: bool) -> str:
@@ -95,6 +108,8 @@ def rejoin_as_standby(
     conninfo = primary_conninfo or primary_dsn
     try:
         method = rewind(pgdata, primary_dsn, bins=bins, use_archive=bool(own.get("restore_command")))
+    except SourceUnreachable:
+        raise
     except PostgresError as exc:
         if not allow_reclone:
             raise

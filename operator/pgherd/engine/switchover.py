@@ -14,7 +14,8 @@ Steps (``operation.source`` is the primary, ``operation.target`` the member to p
 
 The target is checked before the first step: a voter, streaming from the primary, ready, on the
 primary's timeline and caught up. A member that just rejoined and does not stream yet is never a
-target (Patroni 3.0.2 lost acknowledged writes that way). If the final LSN cannot be read or the
+target (Patroni 3.0.2 lost acknowledged writes that way), nor one carrying out an action (its agent
+would take the Promote only after it, the primary fenced all along). If the final LSN cannot be read or the
 target does not reach it in time, the switchover is abandoned before any promotion: the old primary
 is unfenced and resumes. Once Promote may have been issued there is no way back (and no timeout).
 """
@@ -51,6 +52,9 @@ def target_problem(ctx: Context, member: MemberView | None) -> str | None:
         return f"it is not streaming from the primary {primary}"
     if not member.ready or member.fenced:
         return "it is not ready"
+    if member.busy:
+        # Its agent would take the Promote only once that action ends, the primary fenced meanwhile.
+        return "it is carrying out another action"
     if not ctx.on_current_timeline(member):
         return f"it is on timeline {member.timeline}, the primary on {ctx.status.timeline}"
     if not ctx.caught_up(member):

@@ -71,6 +71,8 @@ class MemberView:
     ``kept_aside``: how many replaced data directories are kept aside on the member's volume.
     ``terminating``: its agent received SIGTERM (pod deletion, drain, eviction) and, being the primary,
     waits (bounded by the grace period) for the engine to switch over before it stops PostgreSQL.
+    ``busy``: an action is being carried out on the member (its agent reports one in progress, or the
+    platform awaits one it sent): its agent takes no other order until it ends.
     ``absent``: the platform knows that nothing of the member runs: no agent process, its pod deleted,
     not scheduled (its node gone, no room) or not started yet. Such a member cannot write, and may
     never come back: a recovery does not wait for it. An agent that is starting is not absent.
@@ -102,6 +104,7 @@ class MemberView:
     kept_aside: int = 0
     terminating: bool = False
     absent: bool = False
+    busy: bool = False
     data_major: int | None = None  # the major of its data directory (PG_VERSION), also while stopped
     analyzing: bool = False  # statistics being rebuilt after a major upgrade
     # How its last long action ended (a restore, an upgrade check, an upgrade): its request id and error

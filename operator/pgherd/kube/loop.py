@@ -258,6 +258,7 @@ class ClusterLoop:
             image=image,
             extra_jobs=self.restores.job_views(statuses, observed_at),
             lost_volumes=self.volumes.lost(objects),
+            busy={name for name, ip in addresses.items() if self.agents.busy(name, ip)},
         )
         assert self.engine is not None
         decision = decide(spec, view, self.engine)

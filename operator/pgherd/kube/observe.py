@@ -458,9 +458,15 @@ def cluster_view(
     image: str | None = None,
     extra_jobs: Iterable[JobView] = (),
     lost_volumes: Set[str] = frozenset(),
+    busy: Set[str] = frozenset(),
 ) -> ClusterView:
+    """``busy``: members with an action sent by the operator and still awaited (its agent may not say so
+    yet)."""
     meta = objects.cluster["metadata"]
-    views = tuple(members(objects, statuses, lost_volumes))
+    views = tuple(
+        replace(m, busy=True) if m.name in busy and not m.busy else m
+        for m in members(objects, statuses, lost_volumes)
+    )
     # The archiver of the primary (pg_stat_archiver, and why wal-push last failed) says how archiving goes.
     primary = next((statuses.get(m.name) for m in views if m.is_primary), None)
     return ClusterView(

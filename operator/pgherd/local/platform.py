@@ -322,6 +322,8 @@ class LocalPlatform:
             )
             if not alive[member.name] and self._volume_lost(member.name):
                 view = replace(view, data_present=False)  # the platform sees its volume gone
+            if self.busy(member.name):
+                view = replace(view, busy=True)  # sent, perhaps not begun by its agent yet
             views.append(view)
             seen[member.name] = observation(status)
             if status is not None:
