@@ -132,6 +132,26 @@ def test_ties_break_on_replayed_lsn_then_name() -> None:
     assert promotes == [A.Promote("pg-2", reason=promotes[0].reason)]
 
 
+def test_ties_break_on_a_member_free_of_actions_before_the_name() -> None:
+    """Equal WAL: the member whose agent carries out nothing is promoted at once; a busy one would take
+    the Promote only after its action (a rejoin towards the lost primary waits 10 s for streaming)."""
+    spec, view, status = _primary_dies(lsns={1: 950, 2: 950})
+    view = with_members(view, replace(view.members[1], busy=True))
+    first = decide(spec, view, status)
+    fenced = with_members(later(view, 6), replace(view.members[0], fenced=True, stopped=True))
+    decision = decide(spec, fenced, decide(spec, later(view, 6), first.status).status)
+    promotes = [a for a in decision.actions if isinstance(a, A.Promote)]
+    assert promotes == [A.Promote("pg-2", reason=promotes[0].reason)]
+    # More WAL still wins: a busy member holding commits the other lacks is waited for.
+    spec, view, status = _primary_dies(lsns={1: 960, 2: 950})
+    view = with_members(view, replace(view.members[1], busy=True))
+    first = decide(spec, view, status)
+    fenced = with_members(later(view, 6), replace(view.members[0], fenced=True, stopped=True))
+    decision = decide(spec, fenced, decide(spec, later(view, 6), first.status).status)
+    promotes = [a for a in decision.actions if isinstance(a, A.Promote)]
+    assert promotes == [A.Promote("pg-1", reason=promotes[0].reason)]
+
+
 def test_operator_cut_off_from_primary_alone_never_fails_over() -> None:
     spec, view, status = settled()
     view = with_members(view, down(view.members[0]))  # replicas still stream from it

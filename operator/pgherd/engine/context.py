@@ -98,12 +98,13 @@ class Context:
         ]
 
 
-def by_most_data(member: MemberView) -> tuple[int, int, str]:
-    """Sort key: the most WAL the member provably holds, then the highest replayed LSN, then name.
+def by_most_data(member: MemberView) -> tuple[int, int, bool, str]:
+    """Sort key: the most WAL the member provably holds, then the highest replayed LSN, then one whose
+    agent carries out no action (it takes an order at once), then name.
 
     Not the received LSN first: a restarted replica's pg_last_wal_receive_lsn() starts again at the
     segment where streaming resumes, below WAL it already holds."""
-    return (-(member.most_wal or 0), -(member.replayed_lsn or 0), member.name)
+    return (-(member.most_wal or 0), -(member.replayed_lsn or 0), member.busy, member.name)
 
 
 def cannot_write(member: MemberView | None) -> bool:
