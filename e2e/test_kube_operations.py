@@ -740,8 +740,20 @@ def test_one_member_has_no_budget_and_a_larger_volume_is_asked_for(bed: Bed) -> 
     drain of its node). A larger spec.storage.size makes the operator ask for each volume to grow:
     local-path's StorageClass cannot expand, the API server refuses, an Event says so, and the cluster
     stays Running on its volume as it is."""
-    bed.wait_settled()
-    assert bed.read("poddisruptionbudgets", NAME) is not None
+    members = len(bed.wait_settled()["members"])
+    # The disruption controller's reading of minAvailable "51%" (of the StatefulSet's replicas, rounded
+    # up): a majority of the members must stay.
+    budget = eventually(
+        lambda: (
+            (b := bed.read("poddisruptionbudgets", NAME))
+            and (b.get("status") or {}).get("expectedPods") == members
+            and b
+        ),
+        60,
+        "the budget's status for every member",
+    )
+    assert budget["spec"]["minAvailable"] == "51%", budget["spec"]
+    assert budget["status"]["desiredHealthy"] == members // 2 + 1, budget["status"]
     bed.merge("postgresclusters.pgherd.io", NAME, {"spec": {"instances": 1}})
     status = bed.wait_settled(1, timeout=300)
     eventually(lambda: bed.read("poddisruptionbudgets", NAME) is None, 120, "the budget deleted")

@@ -193,7 +193,9 @@ def test_a_spec_change_is_observed(
         idle = [e.short() for e in audit.of(user, mark) if e.verb != "watch"]
         assert not idle, idle
         mark = audit.fence()
-        kube.merge("postgresclusters", ns, "hippo", {"spec": {"instances": 5}})
+        kube.merge(
+            "postgresclusters", ns, "hippo", {"spec": {"instances": 5, "parameters": {"work_mem": "8MB"}}}
+        )
         cluster = eventually(
             lambda: (
                 (c := kube.read("postgresclusters", ns, "hippo"))
@@ -204,18 +206,21 @@ def test_a_spec_change_is_observed(
             what="observedGeneration to catch up",
         )
         assert cluster["spec"]["instances"] == 5
-        pdb = eventually(
-            lambda: (
-                (p := kube.read("poddisruptionbudgets", ns, "hippo")) and p["spec"]["minAvailable"] == 3 and p
-            ),
-            what="the PDB to keep a majority of 5",
+        eventually(
+            lambda: "8MB" in str((kube.read("configmaps", ns, names.configmap("hippo")) or {}).get("data")),
+            what="the parameters' ConfigMap",
         )
+        pdb = kube.read("poddisruptionbudgets", ns, "hippo")
+        assert pdb is not None and pdb["spec"]["minAvailable"] == "51%"  # a majority of the members
         assert pdb["spec"]["selector"]["matchLabels"][names.LABEL_CLUSTER] == "hippo"
         time.sleep(0.5)
         done = audit.of(user, mark)
         # What changed is patched, once: no create attempt answered 409 first.
+        writes = [(e.verb, e.code) for e in done if e.resource == "configmaps"]
+        assert writes == [("patch", 200)], writes
+        # The budget, a percentage of the members, is the same at every size: not written.
         budget_writes = [(e.verb, e.code) for e in done if e.resource == "poddisruptionbudgets"]
-        assert budget_writes == [("patch", 200)], budget_writes
+        assert budget_writes == [], budget_writes
         # Nothing but the status is written to the cluster itself (kopf's diff-base annotation would be
         # one more write, and one more watch event, per spec change).
         own = [
@@ -427,11 +432,11 @@ def test_a_spec_the_crd_accepts_and_the_operator_refuses_gets_a_condition_and_an
 REFUSAL = "refused by the test's admission policy"
 
 
-def refuse_disruption_budget_updates(kube: Kube, ns: str) -> Callable[[], None]:
+def refuse_configmap_updates(kube: Kube, ns: str) -> Callable[[], None]:
     """A ValidatingAdmissionPolicy (CEL, admissionregistration.k8s.io/v1) and its binding: every
-    update (a PATCH is one) of a PodDisruptionBudget in `ns` is refused, 422 with REFUSAL, by the API
-    server's own admission. Returns what removes them."""
-    name = f"refuse-pdb-updates-{ns}"
+    update (a PATCH is one) of a ConfigMap in `ns` is refused, 422 with REFUSAL, by the API server's own
+    admission. Returns what removes them."""
+    name = f"refuse-configmap-updates-{ns}"
     kube.create(
         {
             "apiVersion": "admissionregistration.k8s.io/v1",
@@ -442,10 +447,10 @@ def refuse_disruption_budget_updates(kube: Kube, ns: str) -> Callable[[], None]:
                 "matchConstraints": {
                     "resourceRules": [
                         {
-                            "apiGroups": ["policy"],
+                            "apiGroups": [""],
                             "apiVersions": ["v1"],
                             "operations": ["UPDATE"],
-                            "resources": ["poddisruptionbudgets"],
+                            "resources": ["configmaps"],
                         }
                     ]
                 },
@@ -474,11 +479,11 @@ def refuse_disruption_budget_updates(kube: Kube, ns: str) -> Callable[[], None]:
 
 
 def refused_now(kube: Kube, ns: str) -> bool:
-    """Whether a (dry-run) update of the cluster's PDB is refused by the policy at this moment: the API
-    server applies a new policy, and its removal, from its informers, a moment after they are written."""
+    """Whether a (dry-run) update of the cluster's ConfigMap is refused by the policy at this moment: the
+    API server applies a new policy, and its removal, from its informers, a moment after they are written."""
     try:
         kube.merge(
-            "poddisruptionbudgets", ns, "hippo", {"metadata": {"labels": {"probe": "x"}}}, dry_run=True
+            "configmaps", ns, names.configmap("hippo"), {"metadata": {"labels": {"probe": "x"}}}, dry_run=True
         )
     except ApiRefused as exc:
         if exc.status == 422 and REFUSAL in str(exc):
@@ -490,8 +495,8 @@ def refused_now(kube: Kube, ns: str) -> bool:
 def test_a_refused_object_write_fails_the_cluster_until_it_passes(
     kube: Kube, namespace: str, chart_operator: ChartIdentity, audit: AuditLog
 ) -> None:
-    """The API server refuses a write of an owned object (here: every PodDisruptionBudget update, by an
-    admission policy): a condition and an Event say so, nothing else is done meanwhile; once writes pass
+    """The API server refuses a write of an owned object (here: every ConfigMap update, by an admission
+    policy): a condition and an Event say so, nothing else is done meanwhile; once writes pass
     again the status says what the engine decided, even though that decision was written before the
     failure."""
     ns = namespace
@@ -499,11 +504,13 @@ def test_a_refused_object_write_fails_the_cluster_until_it_passes(
     with running_as(chart_operator):
         eventually(lambda: phase_other_than(kube, ns, "Failed"), what="a first status")
         eventually(lambda: kube.read("statefulsets", ns, "hippo"), what="the StatefulSet")
-        eventually(lambda: kube.read("poddisruptionbudgets", ns, "hippo"), what="the PDB")
-        lift = refuse_disruption_budget_updates(kube, ns)
+        eventually(lambda: kube.read("configmaps", ns, names.configmap("hippo")), what="the ConfigMap")
+        lift = refuse_configmap_updates(kube, ns)
         try:
             eventually(lambda: refused_now(kube, ns), what="the policy in force")
-            kube.merge("postgresclusters", ns, "hippo", {"spec": {"instances": 5}})
+            kube.merge(
+                "postgresclusters", ns, "hippo", {"spec": {"instances": 5, "parameters": {"work_mem": "8MB"}}}
+            )
             cluster = eventually(lambda: cluster_in_phase(kube, ns, "Failed"), what="phase Failed")
             ready = next(c for c in cluster["status"]["conditions"] if c["type"] == "Ready")
             assert ready["reason"] == "ObjectsFailed" and REFUSAL in ready["message"], ready
@@ -534,16 +541,11 @@ def test_a_refused_object_write_fails_the_cluster_until_it_passes(
         eventually(lambda: not refused_now(kube, ns), what="the policy lifted")
         eventually(lambda: phase_other_than(kube, ns, "Failed"), what="the phase to leave Failed")
         eventually(
-            lambda: (
-                (kube.read("poddisruptionbudgets", ns, "hippo") or {}).get("spec", {}).get("minAvailable")
-                == 3
-            ),
-            what="the PDB for 5 members",
+            lambda: "8MB" in str((kube.read("configmaps", ns, names.configmap("hippo")) or {}).get("data")),
+            what="the ConfigMap with the new parameters",
         )
     audit.fence()
-    refused = [
-        e for e in audit.of(chart_operator.user) if e.resource == "poddisruptionbudgets" and e.code == 422
-    ]
+    refused = [e for e in audit.of(chart_operator.user) if e.resource == "configmaps" and e.code == 422]
     assert refused and all(e.verb == "patch" and REFUSAL in e.message for e in refused)
 
 
