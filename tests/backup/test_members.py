@@ -122,12 +122,31 @@ def test_a_primary_that_does_not_answer_is_never_a_reason_to_reclone(pg_pair):
     old, new = _failover(pg_pair)
     new.stop()
     before = sorted(p.name for p in old.pgdata.parent.iterdir())
-    with pytest.raises(PostgresError, match="does not answer"):
+    with pytest.raises(PostgresError, match="no connection to the primary"):
         rejoin_as_standby(old.pgdata, new.dsn)
     assert sorted(p.name for p in old.pgdata.parent.iterdir()) == before
     assert (old.pgdata / "PG_VERSION").exists() and not (old.pgdata / "standby.signal").exists()
     new.start()
     assert rejoin_as_standby(old.pgdata, new.dsn).method == "rewind"
+
+
+def test_a_primary_gone_during_the_rewind_is_no_reason_to_reclone_either(pg_pair, monkeypatch):
+    """pg_rewind failed and its source went away meanwhile (stopped between the CHECKPOINT and the
+    rewind's own connection): the re-clone would fail after moving the data aside."""
+    from pgherd_backup.postgres import rewind as rewinding
+
+    old, new = _failover(pg_pair)
+
+    def rewind_while_the_primary_stops(*args, **kwargs):
+        new.stop()
+        raise PostgresError("pg_rewind failed (exit 1): could not connect to the source server")
+
+    monkeypatch.setattr(rewinding, "rewind", rewind_while_the_primary_stops)
+    before = sorted(p.name for p in old.pgdata.parent.iterdir())
+    with pytest.raises(rewinding.SourceUnreachable):
+        rejoin_as_standby(old.pgdata, new.dsn)
+    assert sorted(p.name for p in old.pgdata.parent.iterdir()) == before
+    assert (old.pgdata / "PG_VERSION").exists()
 
 
 def test_instance_commands(pg_factory, agent):

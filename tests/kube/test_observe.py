@@ -69,6 +69,24 @@ def agent(member: str, role: str = "replica", **fields: Any) -> Status:
     return Status.from_dict({k: v for k, v in base.items()})
 
 
+def test_a_member_with_an_action_awaited_is_busy_before_its_agent_says_so() -> None:
+    """An action the operator sent and still awaits (Agents.busy at the pod's address) makes the member
+    busy, as one its agent reports."""
+    objects = ClusterObjects(
+        cluster(),
+        pods=[pod("db-0"), pod("db-1", "10.0.0.2")],
+        pvcs=[pvc("db-0"), pvc("db-1")],
+        statefulset=sts(2),
+    )
+    statuses = {"db-0": agent("db-0", role="primary"), "db-1": agent("db-1")}
+    plain = cluster_view(objects, statuses, NOW, switchover_to=None)
+    assert [m.busy for m in plain.members] == [False, False]
+    sent = cluster_view(objects, statuses, NOW, switchover_to=None, busy={"db-1"})
+    assert [m.busy for m in sent.members] == [False, True]
+    reported = {**statuses, "db-0": agent("db-0", role="primary", action="set-sync")}
+    assert [m.busy for m in cluster_view(objects, reported, NOW, switchover_to=None).members] == [True, False]
+
+
 def test_a_member_waiting_for_its_seed_does_not_exist_and_has_no_data() -> None:
     objects = ClusterObjects(cluster(), pods=[pod("db-0")], pvcs=[pvc("db-0")], statefulset=sts(1))
     status = agent("db-0", role="unknown", postmaster="stopped", dataPresent=False, action=None)

@@ -95,6 +95,13 @@ def test_a_member_an_action_may_start_is_not_stopped(action: str) -> None:
     assert not view.stopped
 
 
+def test_a_member_whose_agent_carries_out_an_action_is_busy() -> None:
+    """The engine never makes it a switchover target: its agent would take a Promote only after it."""
+    streaming = {"role": "replica", "postmaster": "running", "ready": True}
+    assert member_view("c-1", 1, _status(**streaming, action="rejoin"), resolve_upstream=RESOLVE).busy
+    assert not member_view("c-1", 1, _status(**streaming), resolve_upstream=RESOLVE).busy
+
+
 def test_a_fence_in_progress_does_not_hide_the_stop() -> None:
     view = member_view(
         "c-1", 1, _status(postmaster="stopped", action="fence", fenced=True), resolve_upstream=RESOLVE

@@ -240,7 +240,7 @@ def _wait(predicate: Callable[[], bool], timeout: float, every: float = 0.05) ->
 def _require_reachable(inst: Instance, upstream: str, *, left: str = "nothing was changed") -> None:
     """A rejoin never starts against an upstream that does not answer: a rewind would fail and the
     re-clone after it too, leaving the member with its data moved aside and nothing in its place.
-    ``left``: what the refusal leaves of the member."""
+    ``left``: what the refusal leaves of the member (a re-point may have been done already)."""
     try:
         with psycopg.connect(inst.conninfo(upstream, superuser=True), connect_timeout=5) as conn:
             conn.execute("SELECT 1")
@@ -277,7 +277,9 @@ def rejoin(inst: Instance, request: RejoinRequest) -> ActionResult:
                 )
             # Not streaming may be the upstream gone meanwhile (fenced by a switchover): nothing a rewind
             # or a re-clone could fix, and both would stop the replica first.
-            _require_reachable(inst, upstream, left="still running read-only, following it")
+            _require_reachable(
+                inst, upstream, left="re-pointed at it (not streaming), still running read-only, not rewound"
+            )
             log.warning("not streaming from the new upstream after %.0fs: stopping to rewind", REPOINT_WAIT)
         inst.stop(checkpoint=role == "primary")
         method, kept = _rebuild(inst, upstream, reclone=request.reclone)

@@ -82,7 +82,8 @@ class Busy(BackupError):
 
 
 class Refused(BackupError):
-    """The member's state forbids the action now; nothing was changed (409 refused)."""
+    """The member's state forbids the action now; nothing was changed unless the message says what was
+    (409 refused)."""
 
 
 class StartRole(StrEnum):

@@ -9,6 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
+
+import psycopg
 
 from pgherd_backup.errors import PostgresError
 from pgherd_backup.postgres import postmaster
@@ -21,8 +24,8 @@ log = logging.getLogger(__name__)
 
 
 class SourceUnreachable(PostgresError):
-    """The primary to rewind from does not answer: a re-clone from it would fail too, after moving this
-    member's data aside; nothing is changed."""
+    """No connection to the primary to rewind from (down, refusing, or refusing us): a re-clone from it
+    would fail the same way, after moving this member's data aside. The data stays in place."""
 
 
 @dataclass(frozen=True)
@@ -48,25 +51,29 @@ def _rename_aside(pgdata: Path) -> Path:
     return kept
 
 
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def connect_source(primary_dsn: str) -> psycopg.Connection[Any]:
+    """A connection to the primary a rewind or a re-clone reads from; SourceUnreachable without one."""
+    try:
+        return psycopg.connect(primary_dsn, autocommit=True, connect_timeout=10)
+    except psycopg.Error as exc:
+        raise SourceUnreachable(f"no connection to the primary ({_first_line(exc)})") from None
+
+
 def checkpoint_source(primary_dsn: str) -> None:
     """A freshly promoted primary records its new timeline in pg_control only at its next
     checkpoint; until then pg_rewind sees one timeline and wrongly says no rewind is required: without
     that CHECKPOINT no rewind is tried (PostgresError: the caller re-clones instead)."""
-    import psycopg
-
-    def first_line(exc: Exception) -> str:
-        return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-    try:
-        conn = psycopg.connect(primary_dsn, autocommit=True, connect_timeout=10)
-    except psycopg.Error as exc:
-        raise SourceUnreachable(f"the primary does not answer ({first_line(exc)})") from None
+    conn = connect_source(primary_dsn)
     try:
         with conn:
             conn.execute("CHECKPOINT")
     except psycopg.Error as exc:
         raise PostgresError(
-            f"could not run CHECKPOINT on the primary before pg_rewind: {first_line(exc)}"
+            f"could not run CHECKPOINT on the primary before pg_rewind: {_first_line(exc)}"
         ) from None
 
 
@@ -113,6 +120,7 @@ def rejoin_as_standby(
     except PostgresError as exc:
         if not allow_reclone:
             raise
+        connect_source(primary_dsn).close()  # gone since the rewind began: the data stays in place
         kept = keep_aside(pgdata) if keep_aside is not None else _rename_aside(pgdata)
         log.warning("pg_rewind failed (%s): cloning the primary again, old data kept in %s", exc, kept)
         basebackup_seed(

@@ -18,7 +18,8 @@ def pdb(ref: ClusterRef) -> Manifest | None:
     then). With two instances the majority is both: while both are ready no member can be evicted, and a
     drain waits for a person (scale to three first, or delete the pod by hand): two members have no
     majority to spare. Of the StatefulSet's replicas rather than of spec.instances: through a scale-down
-    the members still there (and voting) keep their majority, not the smaller one of the new size.
+    to two or more the members still there (and voting) keep their majority, not the smaller one of the
+    new size (a scale-down to one deletes the budget at once, as before).
     `unhealthyPodEvictionPolicy: AlwaysAllow` lets a drain evict a member that is not ready anyway
     (crash-looping, seeding): it holds no vote worth protecting, and must not block the node."""
     if ref.spec.instances <= 1:
