@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import ssl
 import threading
 from pathlib import Path
@@ -224,6 +225,21 @@ def test_a_stale_postmaster_pid_naming_a_thread_is_removed(tmp_path: Path) -> No
     finally:
         done.set()
         worker.join()
+
+
+def test_only_a_stale_socket_lock_of_this_data_directory_is_removed(tmp_path: Path) -> None:
+    from pgherd_backup.postgres import postmaster
+
+    pgdata, sockets = tmp_path / "data", tmp_path / "run"
+    pgdata.mkdir()
+    sockets.mkdir()
+    ours = sockets / ".s.PGSQL.5432.lock"
+    ours.write_text(f"{os.getpid()}\n{pgdata}\n1700000000\n5432\n{sockets}\n")  # a pid, not a postgres
+    other = sockets / ".s.PGSQL.5433.lock"
+    other.write_text(f"{os.getpid()}\n{tmp_path / 'elsewhere'}\n1700000000\n5433\n{sockets}\n")
+    assert postmaster.remove_stale_socket_locks(pgdata, [sockets]) == [ours]
+    assert not ours.exists() and other.exists()
+    assert postmaster.remove_stale_socket_locks(pgdata, [sockets]) == []
 
 
 def test_the_upstream_is_heard_from_its_receiver_and_its_loss_dated_at_the_first_sample_without_it():

@@ -15,7 +15,9 @@ from agent_helpers import MEMBERS, Agent, SlowProxy, writer
 
 from pgherd_backup.agent.client import AgentActionError, AgentError
 from pgherd_backup.agent.instance import ROUTE_SETTLE
+from pgherd_backup.agent.options import socket_dir
 from pgherd_backup.postgres import postmaster
+from pgherd_backup.postgres.process import pg_popen
 
 
 def test_a_crashed_primary_comes_back_read_only_at_once_and_the_crash_is_counted(agents):
@@ -60,6 +62,34 @@ def test_it_never_starts_read_write_on_its_own_across_its_own_restarts(agents):
     assert primary.status().role == "replica"
     assert primary.value("SELECT pg_is_in_recovery()")
     assert "did not start" in primary.log
+
+
+def test_a_member_made_again_starts_over_the_lock_files_its_killed_postgresql_left(agents):
+    """A member's container killed (kill -9) leaves PostgreSQL's lock files on its volume: postmaster.pid
+    and its socket's (.s.PGSQL.<port>.lock, in the agent's run directory). In the container made again the
+    old postmaster's pid was a live process of the postgres account, and PostgreSQL, which only asks
+    whether that pid exists, refused to start at every restart of the pod: 'lock file
+    ".../run/.s.PGSQL.5432.lock" already exists' (localkube CI, 2026-12-06)."""
+    primary = agents(MEMBERS[0], "--seed", "initdb")
+    primary.signal(signal.SIGKILL)
+    primary.wait_exit()
+    postmaster.kill(primary.pgdata)  # the container's end: both die at once, their lock files stay
+    sockets = socket_dir(primary.pgdata.parent / "agent", primary.pgdata)
+    locks = [primary.pgdata / "postmaster.pid", *sockets.glob(".s.PGSQL.*.lock")]
+    assert len(locks) == 2 and all(lock.exists() for lock in locks), locks
+    # The old pid is now another process of the postgres account's, as in a new PID namespace.
+    other = pg_popen(["sleep", "120"])
+    try:
+        for lock in locks:
+            lines = lock.read_text().split("\n")
+            lock.write_text("\n".join([str(other.pid), *lines[1:]]))
+        primary.start()
+        primary.wait_until(lambda: primary.status().postmaster == "running", "PostgreSQL running", timeout=30)
+        assert primary.value("SELECT pg_is_in_recovery()")  # read-only, as after any crash
+        assert other.poll() is None  # the process holding the old pid was left alone
+    finally:
+        other.kill()
+        other.wait()
 
 
 def test_sigterm_under_a_write_load_loses_no_acknowledged_commit(agents):

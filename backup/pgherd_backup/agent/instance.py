@@ -245,7 +245,12 @@ class Instance:
         self._action_lock = threading.Lock()
         self.fence_lock = threading.Lock()
         self.postmaster = PostmasterChild(
-            self.pgdata, bins=self.bins, log_file=options.log_file, env=self.pg_env, on_crash=self._on_crash
+            self.pgdata,
+            bins=self.bins,
+            log_file=options.log_file,
+            env=self.pg_env,
+            on_crash=self._on_crash,
+            socket_dirs=(options.socket_dir,),
         )
 
     # -- the programs ---------------------------------------------------------------------------------

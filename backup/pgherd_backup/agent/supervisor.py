@@ -16,7 +16,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -130,8 +130,10 @@ class PostmasterChild:
         log_file: Path,
         env: Callable[[], Mapping[str, str]],
         on_crash: Callable[[int], None],
+        socket_dirs: Sequence[Path] = (),
     ) -> None:
         self.pgdata = pgdata
+        self.socket_dirs = tuple(socket_dirs)
         self.bins = bins
         self.log_file = log_file
         self._env = env
@@ -207,6 +209,8 @@ class PostmasterChild:
                 log.warning(
                     "removed a stale postmaster.pid on %s (pid %d runs no PostgreSQL)", self.pgdata, stale
                 )
+            for lock in postmaster.remove_stale_socket_locks(self.pgdata, self.socket_dirs):
+                log.warning("removed a stale socket lock %s (no PostgreSQL runs on %s)", lock, self.pgdata)
             child = self._spawn()
             child.report_exit = report_exit
         try:

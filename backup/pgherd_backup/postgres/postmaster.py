@@ -55,6 +55,28 @@ def remove_stale_lock(pgdata: Path | str) -> int | None:
         return 0
 
 
+def remove_stale_socket_locks(pgdata: Path | str, socket_dirs: Iterable[Path | str]) -> list[Path]:
+    """Remove the lock files of PostgreSQL's Unix sockets (`.s.PGSQL.<port>.lock` in `socket_dirs`)
+    that name `pgdata` while no postmaster runs on it: the same trap as postmaster.pid's (see
+    remove_stale_lock), for a socket directory kept on the member's volume. A lock naming another data
+    directory, or a pid that is a running postgres, is left alone. The locks removed."""
+    if postmaster_pid(pgdata) is not None:
+        return []
+    ours = os.path.realpath(pgdata)
+    removed = []
+    for folder in socket_dirs:
+        for lock in Path(folder).glob(".s.PGSQL.*.lock"):
+            try:
+                pid, data_dir = lock.read_text().split("\n")[:2]
+            except (OSError, ValueError):
+                continue
+            if os.path.realpath(data_dir) != ours or (pid.strip().isdigit() and _alive(int(pid))):
+                continue
+            lock.unlink(missing_ok=True)
+            removed.append(lock)
+    return removed
+
+
 def start(
     pgdata: Path | str,
     *,
