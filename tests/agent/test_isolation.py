@@ -63,6 +63,9 @@ def test_a_primary_cut_off_from_the_operator_and_its_replica_fences_itself(agent
     # two (the check runs every second, then a checkpoint and a fast shutdown).
     assert took <= ORDER.seconds + 4, took
     assert primary.client.probe("readyz") == 503
+    # Writes end when the fence begins; the postmaster exits after its CHECKPOINT, its shutdown and the
+    # archiving of its last segment (a status read at once found it still running, in a CI run).
+    primary.wait_until(lambda: primary.status().postmaster == "stopped", "the self-fence's stop", timeout=15)
     status = primary.status()  # the operator is back
     assert status.fenced and status.postmaster == "stopped"
     assert status.last_error is not None and "fencing itself" in status.last_error
