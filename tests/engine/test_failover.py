@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 from unittest.mock import ANY
 
 from pgherd.api.cluster import Phase, PostgresClusterSpec
@@ -122,33 +123,28 @@ def test_failover_fences_then_promotes_the_member_with_most_wal() -> None:
     assert sync.config.standbys == {"pg-0", "pg-1"} and sync.config.k == 1
 
 
-def test_ties_break_on_replayed_lsn_then_name() -> None:
-    spec, view, status = _primary_dies(lsns={1: 950, 2: 950})
-    view = with_members(view, replace(view.members[1], replayed_lsn=940))
+def _promoted_after_failover(lsns: dict[int, int], **pg1: Any) -> list[A.Promote]:
+    """The Promote actions once pg-0 died and was fenced, with pg-1's view changed by ``pg1``."""
+    spec, view, status = _primary_dies(lsns=lsns)
+    view = with_members(view, replace(view.members[1], **pg1))
     first = decide(spec, view, status)
     fenced = with_members(later(view, 6), replace(view.members[0], fenced=True, stopped=True))
     decision = decide(spec, fenced, decide(spec, later(view, 6), first.status).status)
-    promotes = [a for a in decision.actions if isinstance(a, A.Promote)]
+    return [a for a in decision.actions if isinstance(a, A.Promote)]
+
+
+def test_ties_break_on_replayed_lsn_then_name() -> None:
+    promotes = _promoted_after_failover({1: 950, 2: 950}, replayed_lsn=940)
     assert promotes == [A.Promote("pg-2", reason=promotes[0].reason)]
 
 
 def test_ties_break_on_a_member_free_of_actions_before_the_name() -> None:
     """Equal WAL: the member whose agent carries out nothing is promoted at once; a busy one would take
     the Promote only after its action (a rejoin towards the lost primary waits 10 s for streaming)."""
-    spec, view, status = _primary_dies(lsns={1: 950, 2: 950})
-    view = with_members(view, replace(view.members[1], busy=True))
-    first = decide(spec, view, status)
-    fenced = with_members(later(view, 6), replace(view.members[0], fenced=True, stopped=True))
-    decision = decide(spec, fenced, decide(spec, later(view, 6), first.status).status)
-    promotes = [a for a in decision.actions if isinstance(a, A.Promote)]
+    promotes = _promoted_after_failover({1: 950, 2: 950}, busy=True)
     assert promotes == [A.Promote("pg-2", reason=promotes[0].reason)]
     # More WAL still wins: a busy member holding commits the other lacks is waited for.
-    spec, view, status = _primary_dies(lsns={1: 960, 2: 950})
-    view = with_members(view, replace(view.members[1], busy=True))
-    first = decide(spec, view, status)
-    fenced = with_members(later(view, 6), replace(view.members[0], fenced=True, stopped=True))
-    decision = decide(spec, fenced, decide(spec, later(view, 6), first.status).status)
-    promotes = [a for a in decision.actions if isinstance(a, A.Promote)]
+    promotes = _promoted_after_failover({1: 960, 2: 950}, busy=True)
     assert promotes == [A.Promote("pg-1", reason=promotes[0].reason)]
 
 

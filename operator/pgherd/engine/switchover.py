@@ -15,9 +15,9 @@ Steps (``operation.source`` is the primary, ``operation.target`` the member to p
 The target is checked before the first step: a voter, streaming from the primary, ready, on the
 primary's timeline and caught up. A member that just rejoined and does not stream yet is never a
 target (Patroni 3.0.2 lost acknowledged writes that way), nor one carrying out an action (its agent
-would take the Promote only after it, the primary fenced all along). If the final LSN cannot be read or the
-target does not reach it in time, the switchover is abandoned before any promotion: the old primary
-is unfenced and resumes. Once Promote may have been issued there is no way back (and no timeout).
+would take the Promote only after it, the primary fenced all along). If the final LSN cannot be read
+or the target does not reach it in time, the switchover is abandoned before any promotion: the old
+primary is unfenced and resumes. Once Promote may have been issued there is no way back (and no timeout).
 """
 
 from __future__ import annotations
