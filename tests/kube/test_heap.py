@@ -104,3 +104,49 @@ def test_the_operator_metric_counts_what_is_frozen(thawed: None) -> None:
     assert sample() == 0
     heap.refreeze()
     assert sample() == gc.get_freeze_count() > 0
+
+
+# A child process, so that the pytest process's own heap does not blur its RSS: 64 MB of chunks that
+# glibc serves from its heap (2 KB each: above pymalloc's 512 bytes), freed below one that stays.
+_FREED_BELOW_THE_TOP = """
+import sys
+from pgherd.kube import heap
+
+def rss_kb():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS"))
+
+chunks = [bytes(2048) for _ in range(32 * 1024)]
+pinned = bytes(2048)  # above the freed chunks: glibc's own trim (of the heap's top) cannot reach them
+del chunks
+freed = rss_kb()
+released = heap.release_free_memory()
+print(freed, rss_kb(), released)
+"""
+
+
+def test_memory_freed_below_the_heap_top_is_given_back() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _FREED_BELOW_THE_TOP], check=True, capture_output=True, text=True
+    ).stdout.split()
+    freed, released_kb, released = int(out[0]), int(out[1]), out[2]
+    assert released == "True"
+    assert freed - released_kb > 48 * 1024, (freed, released_kb)  # the 64 MB, less what pymalloc keeps
+
+
+def test_keep_frozen_gives_memory_back_at_every_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    releases: list[int] = []
+    monkeypatch.setattr(heap, "release_free_memory", lambda: releases.append(1) or True)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(heap.keep_frozen(lambda: (), lambda: True, check=0.01))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
+    assert len(releases) >= 3  # clusters still starting, nothing frozen: memory is given back all the same

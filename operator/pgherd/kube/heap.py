@@ -11,11 +11,16 @@ A frozen object is still freed when its last reference goes; only a cycle among 
 What a tick had in flight at the freeze (futures, requests) and the loops of clusters deleted since
 are such cycles: each later freeze, after the set of clusters changed, thaws and collects first. One
 freeze's worth is the most that waits (a freeze every 30 s, tried once, kept twenty and grew the heap).
+
+Memory freed is given back to the kernel at every check (``release_free_memory``): glibc returns only
+the top of its heap by itself, and what a burst (the clusters' creation, a spec change of every cluster)
+freed below a chunk still in use stayed in the RSS until then.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import gc
 import logging
 import time
@@ -49,6 +54,22 @@ class FreezePolicy:
         self._frozen = self._seen if self._seen is not None else frozenset()
 
 
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to call
+        return None
+
+
+_MALLOC_TRIM = _malloc_trim()
+
+
+def release_free_memory() -> bool:
+    """Give the pages of freed chunks back to the kernel (glibc's malloc_trim(0), about 1-4 ms at 2,000
+    clusters): whether any were. 2,000 clusters' creation left 34-50 MB of them in the operator's RSS."""
+    return _MALLOC_TRIM is not None and bool(_MALLOC_TRIM(0))
+
+
 def refreeze() -> tuple[int, float]:
     """Thaw, collect everything, freeze what is left: (objects frozen, seconds it took)."""
     started = time.monotonic()
@@ -72,3 +93,4 @@ async def keep_frozen(
             frozen, took = refreeze()
             policy.froze()
             log.info("heap frozen with %d clusters: %d objects, in %.2fs", len(clusters()), frozen, took)
+        release_free_memory()
