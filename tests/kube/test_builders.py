@@ -1313,3 +1313,20 @@ def test_the_app_secret_verifies_the_server_and_an_old_one_is_upgraded(full: Clu
     upgraded = secrets.app_data_upgraded(full, old, data["ca.crt"])
     assert upgraded == data
     assert upgraded is not None and upgraded["password"] == old["password"]
+
+
+def test_an_owned_object_built_again_alike_has_the_same_digest(full: ClusterRef) -> None:
+    """The digest decides whether an owned object is written again: equal values give equal digests
+    whatever objects hold them (a string shared or built twice), and any changed value another."""
+    from pgherd.kube.objects import _digest
+
+    assert _digest(statefulset.statefulset(full, replicas=0)) == _digest(
+        statefulset.statefulset(full, replicas=0)
+    )
+    shared = "x" * 40
+    assert _digest({"a": shared, "b": shared}) == _digest({"a": shared, "b": "".join(["x" * 20] * 2)})
+    body = statefulset.statefulset(full, replicas=0)
+    changed = copy.deepcopy(body)
+    changed["spec"]["template"]["spec"]["containers"][0]["image"] += "-other"
+    assert _digest(changed) != _digest(body)
+    assert _digest({"a": 1}) != _digest({"a": "1"}) != _digest({"a": True})

@@ -112,17 +112,23 @@ def test_watch_handlers_run_in_the_event_loop_not_in_threads() -> None:
 
 def test_kopfs_own_annotations_do_not_wake_the_loop_a_switchover_request_does() -> None:
     """kopf writes its last-handled-configuration annotation after every spec change: that write must
-    not cost each cluster a second tick. A user's switchover annotation wakes it at once."""
+    not cost each cluster a second tick. A user's switchover annotation wakes it at once. The handler's
+    filter (kopf's `when`) already turns the others away: running the handler itself for each event,
+    the operator's own status writes included, cost about a tenth of the operator's CPU in a spec change
+    of 2,000 clusters."""
+    import kopf
+
     from pgherd.kube import names
     from pgherd.kube.handlers import Operator, build
 
     operator = Operator()
     registry, _ = build(operator)
-    (wake,) = [h.fn for h in registry._watching.get_all_handlers() if str(h.id) == "wake"]
+    (handler,) = [h for h in registry._watching.get_all_handlers() if str(h.id) == "wake"]
+    assert handler.when is not None
 
-    async def scenario() -> list[bool]:
+    async def scenario() -> tuple[list[bool], list[bool]]:
         event = operator.wakeups.get("ns", "c")
-        woken = []
+        woken, ran = [], []
         for marks in (
             {},
             {f"{names.PROGRESS_PREFIX}/last-handled-configuration": '{"spec": {"instances": 4}}'},
@@ -131,12 +137,28 @@ def test_kopfs_own_annotations_do_not_wake_the_loop_a_switchover_request_does() 
             {names.ANNOTATION_SWITCHOVER: "c-1"},
         ):
             event.clear()
-            body = {"metadata": {"name": "c", "namespace": "ns", "generation": 2, "annotations": marks}}
-            await wake(body=body, namespace="ns", name="c")
+            raw = {
+                "metadata": {
+                    "name": "c",
+                    "namespace": "ns",
+                    "generation": 2,
+                    "annotations": marks,
+                    "managedFields": [{"manager": "pgherd"}],
+                },
+                "status": {"phase": "Running"},
+            }
+            body = kopf.Body(raw)
+            ran.append(handler.when(body=body, namespace="ns", name="c"))  # type: ignore[misc]
+            # kept by kopf for the cluster's daemon: without the write history or the status
+            assert "managedFields" not in raw["metadata"] and "status" not in raw
+            if ran[-1]:
+                await handler.fn(body=body, namespace="ns", name="c")
             woken.append(event.is_set())
-        return woken
+        return woken, ran
 
-    assert asyncio.run(scenario()) == [True, False, False, False, True]
+    woken, ran = asyncio.run(scenario())
+    assert woken == [True, False, False, False, True]
+    assert ran == woken
 
 
 def test_the_body_a_loop_reads_and_the_diff_base_keys_are_kopfs() -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,6 +138,19 @@ def _indexed_statefulset(body: kopf.Body) -> JSON:
 def _values(index: kopf.Index[Any, Any], key: tuple[str, str]) -> list[JSON]:
     store = index.get(key)
     return list(store) if store is not None else []
+
+
+def _user_fingerprint(meta: Mapping[str, Any]) -> object:
+    """What a user (or kubectl scale) changes of a cluster: the spec (its generation), a deletion, the
+    switchover, restart and certificate rotation requests. Not the loop's own writes (status, its
+    restore record), nor kopf's last-handled-configuration annotation."""
+    annotations = meta.get("annotations") or {}
+    requests = (
+        annotations.get(names.ANNOTATION_SWITCHOVER),
+        annotations.get(RESTART),
+        annotations.get(ROTATE_CERTIFICATES),
+    )
+    return (meta.get("generation"), meta.get("deletionTimestamp"), requests)
 
 
 def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSettings]:
@@ -278,16 +291,14 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
         operator.wakeups.wake(*key)
         return {key: _indexed(kwargs["body"])}
 
-    @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL_CLUSTERS, id="wake", registry=registry)
-    async def wake_cluster(**kwargs: Any) -> None:
-        # Only what a user (or kubectl scale) changes: the spec (its generation), a deletion, the
-        # switchover, restart and certificate rotation requests. Not the loop's own writes (status, its
-        # restore record), nor kopf's last-handled-configuration annotation, written after every spec
-        # change.
+    def user_change(**kwargs: Any) -> bool:
+        """kopf's filter of the handler below, which kopf calls with less of its machinery than a
+        handler (about a tenth of the operator's CPU in a spec change of 2,000 clusters went to running
+        the handler for each event): whether the event carries a change a user made."""
+        # kopf keeps each cluster's latest body for its daemon, and the body here is that very dict: its
+        # managedFields (the write history, the status patches' field by field: half of the object, and
+        # nothing here reads it) are dropped, for each of thousands of clusters, at every event.
         meta = kwargs["body"].get("metadata") or {}
-        # kopf keeps each cluster's latest body for its daemon, and this handler's body is that very
-        # dict: its managedFields (the write history, the status patches' field by field: half of the
-        # object, and nothing here reads it) are dropped, for each of thousands of clusters.
         if isinstance(meta, dict):
             meta.pop("managedFields", None)
         # Its status too: the loop reads the status from the API when it starts and keeps what it writes
@@ -295,14 +306,14 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
         raw = getattr(kwargs["body"], "_src", None)
         if isinstance(raw, dict):
             raw.pop("status", None)
-        annotations = meta.get("annotations") or {}
-        requests = (
-            annotations.get(names.ANNOTATION_SWITCHOVER),
-            annotations.get(RESTART),
-            annotations.get(ROTATE_CERTIFICATES),
-        )
-        seen = (meta.get("generation"), meta.get("deletionTimestamp"), requests)
-        operator.wakeups.wake_on_change(kwargs["namespace"], kwargs["name"], seen)
+        return operator.wakeups.seen.get((kwargs["namespace"], kwargs["name"])) != _user_fingerprint(meta)
+
+    @kopf.on.event(
+        names.GROUP, names.VERSION, names.PLURAL_CLUSTERS, id="wake", registry=registry, when=user_change
+    )
+    async def wake_cluster(**kwargs: Any) -> None:
+        meta = kwargs["body"].get("metadata") or {}
+        operator.wakeups.wake_on_change(kwargs["namespace"], kwargs["name"], _user_fingerprint(meta))
 
     @kopf.on.delete(
         names.GROUP, names.VERSION, names.PLURAL_CLUSTERS, id="deleted", registry=registry, optional=False

