@@ -25,7 +25,7 @@ import kubernetes_validate
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from pgherd.api.cluster import MAX_INSTANCES, PostgresClusterSpec
+from pgherd.api.cluster import MAX_INSTANCES, PostgresClusterSpec, VolumeDeletePolicy
 from pgherd.commands import instance as instance_command
 from pgherd.engine.revision import spec_revision
 from pgherd.kube import names
@@ -1330,3 +1330,6 @@ def test_an_owned_object_built_again_alike_has_the_same_digest(full: ClusterRef)
     changed["spec"]["template"]["spec"]["containers"][0]["image"] += "-other"
     assert _digest(changed) != _digest(body)
     assert _digest({"a": 1}) != _digest({"a": "1"}) != _digest({"a": True})
+    # A StrEnum member (a model's field dumped as is) is no marshal type: hashed from JSON instead.
+    assert _digest({"policy": VolumeDeletePolicy.DELETE}) == _digest({"policy": VolumeDeletePolicy.DELETE})
+    assert _digest({"policy": VolumeDeletePolicy.DELETE}) != _digest({"policy": VolumeDeletePolicy.RETAIN})

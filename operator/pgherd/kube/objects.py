@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import logging
 import marshal
 import time
@@ -179,8 +180,14 @@ USER_CERTIFICATES = {"postgres": names.KEY_POSTGRES_CERT, "clientCA": names.KEY_
 def _digest(body: JSON) -> str:
     """Whether an owned object built again differs from the one last applied. marshal's version 0 writes
     values alone (no references to objects seen before, no interning): equal values in the builders' own
-    order give equal bytes, at a third of JSON's cost, which every cluster pays at each new generation."""
-    return hashlib.sha256(marshal.dumps(body, 0)).hexdigest()
+    order give equal bytes, at a third of JSON's cost, which every cluster pays at each new generation.
+    A value of a subclass (an enum member from a model) is no marshal type: such an object is hashed from
+    its JSON, as the API client sends it."""
+    try:
+        data = marshal.dumps(body, 0)
+    except ValueError:
+        data = json.dumps(body, sort_keys=True).encode()
+    return hashlib.sha256(data).hexdigest()
 
 
 def secret_value(secret: JSON, key: str) -> str | None:
