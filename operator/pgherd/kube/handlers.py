@@ -306,7 +306,7 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
         raw = getattr(kwargs["body"], "_src", None)
         if isinstance(raw, dict):
             raw.pop("status", None)
-        return operator.wakeups.seen.get((kwargs["namespace"], kwargs["name"])) != _user_fingerprint(meta)
+        return operator.wakeups.changed(kwargs["namespace"], kwargs["name"], _user_fingerprint(meta))
 
     @kopf.on.event(
         names.GROUP, names.VERSION, names.PLURAL_CLUSTERS, id="wake", registry=registry, when=user_change

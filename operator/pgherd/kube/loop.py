@@ -110,9 +110,13 @@ class Wakeups:
         if event is not None:
             event.set()
 
+    def changed(self, namespace: str, name: str, fingerprint: object) -> bool:
+        """Whether ``fingerprint`` differs from the last one seen for the cluster."""
+        return self.seen.get((namespace, name)) != fingerprint
+
     def wake_on_change(self, namespace: str, name: str, fingerprint: object) -> None:
         """Wake the cluster's loop only when ``fingerprint`` differs from the last one seen."""
-        if self.seen.get((namespace, name)) != fingerprint:
+        if self.changed(namespace, name, fingerprint):
             self.seen[(namespace, name)] = fingerprint
             self.wake(namespace, name)
 
