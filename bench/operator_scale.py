@@ -23,7 +23,12 @@ of the chart's ServiceAccount. Then N clusters are created (8 connections) and m
 - the operator's and the API server's CPU per change (ms/change): what each used from the first PATCH
   until every status caught up, divided by the changes. The two share this machine's cores: when the
   operator's cost per change exceeds what its share of them affords at the bench's pace, it falls behind
-  (docs/kube.md, "The operator's share of the CPU").
+  (docs/kube.md, "The operator's share of the CPU");
+- the reference, in the same run: pgherd's operator is stopped and bench/minimal_status_writer.py (a
+  watch and a merge patch of status.observedGeneration per new generation, nothing else) takes its
+  place; every cluster is changed again (instances 4 -> 5). Its p99 and the API server's ms/change,
+  and pgherd's p99 over it: what the API server and this machine allow any operator with pgherd's CRD,
+  beside what pgherd gets (docs/kube.md, "A floor for the p99").
 
 Targets at 500 clusters (issue #12): p99 under 2 s, RSS under 300 MB.
 """
@@ -256,6 +261,7 @@ def run(n: int, timeout: float, settle: float = 3.0) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="pgherd-scale-"))
     plane = apiserver_only.start(workdir / "control-plane")
     operator: subprocess.Popen[bytes] | None = None
+    reference: subprocess.Popen[str] | None = None
     log = (workdir / "operator.log").open("w")
     watches: list[Watch] = []
     try:
@@ -313,44 +319,52 @@ def run(n: int, timeout: float, settle: float = 3.0) -> dict[str, Any]:
         # Every loop in its steady state; a longer wait lets the operator freeze its heap first (30 s with
         # no cluster added or starting: operator/pgherd/kube/heap.py), as an operator running for a while has.
         time.sleep(settle)
-        changed: dict[str, tuple[int, float]] = {}  # cluster -> (its new generation, when the PATCH returned)
 
-        def change(name: str) -> None:
-            doc = api.request(
-                "PATCH", f"{CLUSTERS}/{name}", {"spec": {"instances": 4}}, "application/merge-patch+json"
-            )
-            changed[name] = (int(doc["metadata"]["generation"]), time.monotonic())
+        def change_all(instances: int, writer: int) -> tuple[list[float], dict[str, float], dict[str, float]]:
+            """Every cluster's spec.instances set (8 PATCHes in flight); the seconds from each PATCH's
+            answer until the watch saw that generation observed, the CPU ms per change of the status
+            writer (pid `writer`) and the control plane until the last caught up, and when the watch saw
+            each cluster's new generation (wall clock)."""
+            changed: dict[str, tuple[int, float]] = {}  # cluster -> (its new generation, PATCH answered)
 
-        def caught_up() -> list[float]:
-            return [
-                max(0.0, first_seen[(name, generation)] - at)  # seen before the PATCH returned: 0
-                for name, (generation, at) in list(changed.items())
+            def change(name: str) -> None:
+                doc = api.request(
+                    "PATCH", f"{CLUSTERS}/{name}", {"spec": {"instances": instances}},
+                    "application/merge-patch+json",
+                )  # fmt: skip
+                changed[name] = (int(doc["metadata"]["generation"]), time.monotonic())
+
+            def caught_up() -> list[float]:
+                return [
+                    max(0.0, first_seen[(name, generation)] - at)  # seen before the PATCH returned: 0
+                    for name, (generation, at) in list(changed.items())
+                    if (name, generation) in first_seen
+                ]
+
+            pids = {"operator": writer, **components}
+            before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            api.in_parallel(partial(change, f"c{i:04d}") for i in range(n))
+            deadline = time.monotonic() + timeout
+            while len(caught_up()) < n and time.monotonic() < deadline:
+                time.sleep(0.05)
+            latency = caught_up()
+            # CPU from the first PATCH until every cluster's status caught up, per change (the settled
+            # clusters' ticks of that time included).
+            per_change = {
+                name: (cpu_seconds(pid) - before[name]) * 1000 / max(len(latency), 1)
+                for name, pid in pids.items()
+            }
+            wall = time.time() - time.monotonic()
+            seen_at = {
+                name: first_seen[(name, generation)] + wall
+                for name, (generation, _) in changed.items()
                 if (name, generation) in first_seen
-            ]
+            }
+            return latency, per_change, seen_at
 
-        cpu_at_change = {"operator": cpu_seconds(operator.pid)}
-        cpu_at_change.update({name: cpu_seconds(pid) for name, pid in components.items()})
-        api.in_parallel(partial(change, f"c{i:04d}") for i in range(n))
-        deadline = time.monotonic() + timeout
-        while len(caught_up()) < n and time.monotonic() < deadline:
-            time.sleep(0.05)
-        latency = caught_up()
-        # CPU from the first PATCH until every cluster's status caught up, per change (the settled
-        # clusters' ticks of that time included).
-        per_change = {
-            name: (cpu_seconds(operator.pid if name == "operator" else components[name]) - before)
-            * 1000
-            / max(len(latency), 1)
-            for name, before in cpu_at_change.items()
-        }
-        wall = time.time() - time.monotonic()
-        seen_at = {
-            name: first_seen[(name, generation)] + wall
-            for name, (generation, _) in changed.items()
-            if (name, generation) in first_seen
-        }
+        latency, per_change, seen_at = change_all(4, operator.pid)
         to_operator, to_bench = where_it_went(plane.audit_log, seen_at)
-        return {
+        result: dict[str, Any] = {
             "clusters": n,
             "create_s": created - started,
             "ready_s": ready,
@@ -370,6 +384,26 @@ def run(n: int, timeout: float, settle: float = 3.0) -> dict[str, Any]:
             "wall_s": time.monotonic() - started,
             "workdir": str(workdir),
         }
+        # The reference, in the same run: pgherd stopped, the least status writer in its place, every
+        # cluster changed again (instances 4 -> 5).
+        operator.terminate()
+        operator.wait(20)
+        reference = subprocess.Popen(
+            [sys.executable, str(REPO / "bench" / "minimal_status_writer.py"), str(kubeconfig), NS],
+            stdout=subprocess.PIPE, stderr=log, text=True,
+        )  # fmt: skip
+        assert reference.stdout is not None
+        if reference.stdout.readline().strip() != "watching":
+            raise SystemExit(f"the reference status writer did not start; see {log.name}")
+        ref_latency, ref_per_change, _ = change_all(5, reference.pid)
+        ref_p99 = percentile(ref_latency, 0.99) if ref_latency else float("nan")
+        result.update(
+            ref_p99_s=ref_p99,
+            ref_apiserver_ms_per_change=ref_per_change["kube-apiserver"],
+            p99_ratio=(percentile(latency, 0.99) if latency else float("nan")) / (ref_p99 or float("nan")),
+        )
+        return result
+
     finally:
         for watch in watches:
             watch.stopped = True
@@ -379,6 +413,9 @@ def run(n: int, timeout: float, settle: float = 3.0) -> dict[str, Any]:
                 operator.wait(20)
             except subprocess.TimeoutExpired:
                 operator.kill()
+        if reference is not None:
+            reference.kill()
+            reference.wait()
         plane.stop()
         log.close()
 
@@ -398,6 +435,9 @@ COLUMNS = (
     ("to bench p50/p99", "to_bench_s", "s"),
     ("op ms/change", "op_ms_per_change", ".2f"),
     ("apiserver ms/change", "apiserver_ms_per_change", ".2f"),
+    ("ref p99 s", "ref_p99_s", ".2f"),
+    ("ref apiserver ms/change", "ref_apiserver_ms_per_change", ".2f"),
+    ("p99 / ref", "p99_ratio", ".2f"),
     ("op RSS MB", "operator_rss_mb", ".0f"),
     ("op CPU s", "operator_cpu_s", ".1f"),
     ("apiserver CPU s", "apiserver_cpu_s", ".1f"),
