@@ -28,6 +28,7 @@ from e2e.driver import (
     PollingDriver,
     operation_at,
 )
+from pgherd.api.admission import status_problems
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SWITCHOVER_ANNOTATION = "pgherd.io/switchover-to"
@@ -269,6 +270,11 @@ class KubeDriver(PollingDriver):
     def status(self) -> ClusterStatus:
         cluster = self.get("postgresclusters.pgherd.io", self.cluster)
         raw = cluster.get("status") or {}
+        # The CRD keeps the status's list items as written: what the API server no longer checks there,
+        # every status read here is checked for (a field the model does not type, a null).
+        problems = status_problems(raw)
+        if problems:
+            raise DriverError(f"the operator wrote a status its model refuses: {problems}")
         members: list[MemberStatus] = [
             {
                 "name": m["name"],

@@ -38,7 +38,8 @@ def _document(
         condition["lastTransitionTime"] = (view.now - timedelta(seconds=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
     status["postgresVersion"] = status.get("postgresVersion") or 16
     for member in status["members"]:
-        member["version"] = "16.4" if member["reachable"] else None
+        if member["reachable"]:
+            member["version"] = "16.4"
     cluster = {
         "apiVersion": "pgherd.io/v1alpha1",
         "kind": "PostgresCluster",

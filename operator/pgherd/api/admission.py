@@ -20,7 +20,8 @@ import celpy
 from celpy.adapter import json_to_cel
 from celpy.evaluation import CELEvalError
 
-from pgherd.api.crdgen import schema_for_kind
+from pgherd.api.cluster import PostgresClusterStatus
+from pgherd.api.crdgen import schema_for_kind, structural_schema
 
 _MISSING = object()
 
@@ -278,3 +279,15 @@ def admit(manifest: dict[str, Any], old: dict[str, Any] | None = None) -> dict[s
         raise ManifestRefused(kind, name, errors)
     result: dict[str, Any] = defaulted
     return result
+
+
+@lru_cache(maxsize=1)
+def _full_status_schema() -> dict[str, Any]:
+    return structural_schema(PostgresClusterStatus)
+
+
+def status_problems(status: dict[str, Any]) -> list[AdmissionError]:
+    """What is wrong with a PostgresCluster's status against its model, every field typed (the CRD keeps
+    the items of the status's lists as written: crdgen._lean_lists). Unknown fields and nulls count as
+    problems: a typed schema would have pruned them. Used by the tests on what the operator writes."""
+    return check_schema(_full_status_schema(), status, "status")

@@ -18,6 +18,9 @@ from pgherd.kube import names
 from pgherd_backup.agent.wire import Status
 
 JSON = dict[str, Any]
+# The status's lists of objects: the CRD keeps their items as written (crdgen._lean_lists), so an
+# unknown value is left out here, as the API server's pruning of a typed schema left it out before.
+LISTS = ("conditions", "members", "certificates")
 
 
 def cluster_status(
@@ -39,6 +42,9 @@ def cluster_status(
     document["certificates"] = (
         [dict(c) for c in certificates] if certificates is not None else previous.get("certificates")
     )
+    for key in LISTS:
+        if document.get(key) is not None:
+            document[key] = [{k: v for k, v in item.items() if v is not None} for item in document[key]]
     return document
 
 
