@@ -194,7 +194,7 @@ def _lean_lists(status: dict[str, Any]) -> None:
 
     The operator writes this status at every change of every cluster, and the API server prunes,
     defaults and validates each item at every write and every read from etcd: 16-20 ms of its CPU per
-    change with 500 clusters against 12 without (docs/kube.md, "A leaner status schema"). What the
+    change with 500 clusters, 12-16 without (docs/kube.md, "A leaner status schema"). What the
     items hold is checked against the models by the tests instead (tests/kube/test_status_schema.py)."""
     for prop in status.get("properties", {}).values():
         items = prop.get("items")
