@@ -81,3 +81,15 @@ def test_no_silent_dead_end() -> None:
         if decision.phase is not Phase.RUNNING and not decision.actions:
             waiting = decision.condition(ConditionType.WAITING)
             assert waiting is not None and waiting.message, decision
+
+
+def test_primary_available_names_what_is_missing() -> None:
+    """A user reads PrimaryAvailable's message: "primary None" before any primary exists said nothing."""
+    reached = scenarios()
+    for phase, decision in reached.items():
+        condition = decision.condition(ConditionType.PRIMARY_AVAILABLE)
+        assert condition is not None and "None" not in condition.message, (phase, condition)
+    creating = reached[Phase.CREATING].condition(ConditionType.PRIMARY_AVAILABLE)
+    assert creating is not None and creating.message == "no primary yet"
+    degraded = reached[Phase.DEGRADED].condition(ConditionType.PRIMARY_AVAILABLE)
+    assert degraded is not None and degraded.message == "the primary pg-0 is not available"

@@ -242,7 +242,12 @@ def _conditions(ctx: Context, phase: Phase, outcome: Outcome) -> tuple[Condition
     if primary is not None:
         out.append(true(ConditionType.PRIMARY_AVAILABLE, "Available", primary.name))
     else:
-        out.append(false(ConditionType.PRIMARY_AVAILABLE, "Unavailable", f"primary {status.current_primary}"))
+        missing = (
+            "no primary yet"
+            if status.current_primary is None
+            else f"the primary {status.current_primary} is not available"
+        )
+        out.append(false(ConditionType.PRIMARY_AVAILABLE, "Unavailable", missing))
     reachable, needed = len(_quorum_members(ctx)), ctx.needed()
     steady = (
         status.current_primary is not None
