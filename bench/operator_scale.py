@@ -18,6 +18,9 @@ of the chart's ServiceAccount. Then N clusters are created (8 connections) and m
   bench's watch seeing it after that write completed ("to bench": the same delivery to a second
   watcher). At 2,000 clusters on 2 cores the deliveries, not the operator, made most of it
   (docs/kube.md, "Where the latency goes");
+- watches closed (ref): how many watches the API server closed because their reader fell behind
+  (apiserver_terminated_watchers_total) during pgherd's change, and during the reference's. The bench's
+  own watches run in processes of their own, so that this process's threads do not slow them;
 - the operator's peak RSS (VmHWM) and CPU seconds, beside the CPU seconds of kube-apiserver, etcd and
   this process (its watches and requests) over the whole run, all read from /proc;
 - the operator's and the API server's CPU per change (ms/change): what each used from the first PATCH
@@ -38,6 +41,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -47,6 +51,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +60,10 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from e2e.localkube import apiserver_only  # noqa: E402
+from e2e.localkube import apiserver_only, health  # noqa: E402
 from e2e.localkube.binaries import tool  # noqa: E402
 from e2e.localkube.kubectl import Kubectl  # noqa: E402
+from e2e.localkube.settings import Layout  # noqa: E402
 
 from pgherd.engine.view import parse_time  # noqa: E402
 
@@ -168,41 +174,101 @@ class Api:
             raise RuntimeError(f"{method} {path}: {response.status} {data[:300]!r}")
         return json.loads(data)
 
+    def text(self, path: str) -> str:
+        """A GET of text (the API server's metrics) over a connection of its own: this thread's kept one
+        may have been closed by the server while idle."""
+        conn = http.client.HTTPSConnection(self.host, self.port, context=self.tls, timeout=60)
+        try:
+            conn.request("GET", path, headers={"Accept": "text/plain"})
+            response = conn.getresponse()
+            data = response.read()
+        finally:
+            conn.close()
+        if response.status >= 300:
+            raise RuntimeError(f"GET {path}: {response.status} {data[:300]!r}")
+        return data.decode()
+
     def in_parallel(self, calls: Iterable[Callable[[], Any]]) -> list[Any]:
         with ThreadPoolExecutor(CONNECTIONS) as pool:
             return list(pool.map(lambda call: call(), calls))
 
 
-class Watch(threading.Thread):
-    """A watch of one collection from a resourceVersion: `seen(name, object)` for each event, at once."""
+class Watch:
+    """A watch of one collection from a resourceVersion, read in a process of its own (`_watch`), which
+    notes when it saw each event; `seen(name, phase, observedGeneration, when)` is then called here.
 
-    def __init__(self, api: Api, path: str, seen: Callable[[str, dict[str, Any]], None]) -> None:
-        super().__init__(daemon=True)
-        self.api, self.path, self.seen = api, path, seen
-        self.version = str(api.request("GET", f"{path}?limit=1")["metadata"]["resourceVersion"])
-        self.stopped = False
+    Its own process: read by a thread of this one, the watch shared the GIL with the 8 threads sending
+    PATCHes, fell behind the API server, which held up its dispatch to every watcher of the collection
+    (the operator's included) for up to its time budget, then closed this watch as unresponsive
+    (apiserver_terminated_watchers_total; docs/kube.md, "The watches the API server closes")."""
 
-    def run(self) -> None:
-        while not self.stopped:
-            conn = http.client.HTTPSConnection(
-                self.api.host, self.api.port, context=self.api.tls, timeout=600
-            )
-            conn.request(
-                "GET", f"{self.path}?watch=1&resourceVersion={self.version}&allowWatchBookmarks=true"
-            )
-            response = conn.getresponse()
-            while not self.stopped:
-                line = response.readline()
-                if not line:
-                    break
-                event = json.loads(line)
-                obj = event["object"]
-                if event["type"] == "ERROR":
-                    raise RuntimeError(f"watch {self.path}: {obj}")
-                self.version = obj["metadata"]["resourceVersion"]
-                if event["type"] in ("ADDED", "MODIFIED"):
-                    self.seen(obj["metadata"]["name"], obj)
-            conn.close()
+    def __init__(
+        self,
+        api: Api,
+        plane: apiserver_only.ControlPlane,
+        path: str,
+        seen: Callable[[str, str | None, int | None, float], None],
+    ) -> None:
+        version = str(api.request("GET", f"{path}?limit=1")["metadata"]["resourceVersion"])
+        spawn = multiprocessing.get_context("spawn")  # not fork: this process has threads
+        receiving, sending = spawn.Pipe(duplex=False)
+        self.process = spawn.Process(
+            target=_watch, args=(plane.layout, api.host, api.port, path, version, sending), daemon=True
+        )
+        self.receiving, self.seen = receiving, seen
+        self.thread = threading.Thread(target=self._receive, daemon=True)
+
+    def start(self) -> None:
+        self.process.start()
+        self.thread.start()
+
+    def _receive(self) -> None:
+        try:
+            while True:
+                self.seen(*self.receiving.recv())
+        except (EOFError, OSError):
+            return
+
+    def cpu_seconds(self) -> float:
+        return cpu_seconds(self.process.pid) if self.process.pid is not None else 0.0
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.join(5)
+
+
+def _watch(layout: Layout, host: str, port: int, path: str, version: str, out: Connection) -> None:
+    """The watch's process: each ADDED or MODIFIED object's name, status.phase and
+    status.observedGeneration, with the monotonic clock (the machine's, the same in every process)
+    read when its line arrived."""
+    tls = health.admin_tls(layout)
+    while True:
+        conn = http.client.HTTPSConnection(host, port, context=tls, timeout=600)
+        conn.request("GET", f"{path}?watch=1&resourceVersion={version}&allowWatchBookmarks=true")
+        response = conn.getresponse()
+        while line := response.readline():
+            at = time.monotonic()
+            event = json.loads(line)
+            obj = event["object"]
+            if event["type"] == "ERROR":
+                raise RuntimeError(f"watch {path}: {obj}")
+            version = obj["metadata"]["resourceVersion"]
+            if event["type"] in ("ADDED", "MODIFIED"):
+                status = obj.get("status") or {}
+                generation = status.get("observedGeneration")
+                name, phase = obj["metadata"]["name"], status.get("phase")
+                out.send((name, phase, None if generation is None else int(generation), at))
+        conn.close()
+
+
+def terminated_watchers(api: Api) -> int:
+    """The API server's count of watches it closed because their reader fell behind, every resource."""
+    text = api.text("/metrics")
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in text.splitlines()
+        if line.startswith("apiserver_terminated_watchers_total{")
+    )
 
 
 def install_operator(plane: apiserver_only.ControlPlane, workdir: Path) -> tuple[Path, dict[str, str]]:
@@ -287,19 +353,17 @@ def run(n: int, timeout: float, settle: float = 3.0) -> dict[str, Any]:
         sets: set[str] = set()
         first_seen: dict[tuple[str, int], float] = {}  # (cluster, observedGeneration) -> when the watch said
 
-        def cluster_seen(name: str, obj: dict[str, Any]) -> None:
-            status = obj.get("status") or {}
-            phases[name] = status.get("phase")
-            generation = status.get("observedGeneration")
+        def cluster_seen(name: str, phase: str | None, generation: int | None, at: float) -> None:
+            phases[name] = phase
             if generation is not None:
-                first_seen.setdefault((name, int(generation)), time.monotonic())
+                first_seen.setdefault((name, generation), at)
 
         def ready_count() -> int:
             return sum(1 for name, phase in dict(phases).items() if phase and name in sets)
 
         watches = [
-            Watch(api, CLUSTERS, cluster_seen),
-            Watch(api, STATEFULSETS, lambda name, _: sets.add(name)),
+            Watch(api, plane, CLUSTERS, cluster_seen),
+            Watch(api, plane, STATEFULSETS, lambda name, *_: sets.add(name)),
         ]
         for watch in watches:
             watch.start()
@@ -362,7 +426,9 @@ def run(n: int, timeout: float, settle: float = 3.0) -> dict[str, Any]:
             }
             return latency, per_change, seen_at
 
+        terminated_before = terminated_watchers(api)
         latency, per_change, seen_at = change_all(4, operator.pid)
+        terminated = terminated_watchers(api) - terminated_before
         to_operator, to_bench = where_it_went(plane.audit_log, seen_at)
         result: dict[str, Any] = {
             "clusters": n,
@@ -380,7 +446,7 @@ def run(n: int, timeout: float, settle: float = 3.0) -> dict[str, Any]:
             "apiserver_cpu_s": cpu_seconds(components["kube-apiserver"]) - cpu_before["kube-apiserver"],
             "apiserver_rss_mb": peak_rss_mb(components["kube-apiserver"]),
             "etcd_cpu_s": cpu_seconds(components["etcd"]) - cpu_before["etcd"],
-            "bench_cpu_s": time.process_time() - bench_before,
+            "bench_cpu_s": time.process_time() - bench_before + sum(w.cpu_seconds() for w in watches),
             "wall_s": time.monotonic() - started,
             "workdir": str(workdir),
         }
@@ -395,19 +461,22 @@ def run(n: int, timeout: float, settle: float = 3.0) -> dict[str, Any]:
         assert reference.stdout is not None
         if reference.stdout.readline().strip() != "watching":
             raise SystemExit(f"the reference status writer did not start; see {log.name}")
+        terminated_before = terminated_watchers(api)
         ref_latency, ref_per_change, _ = change_all(5, reference.pid)
+        ref_terminated = terminated_watchers(api) - terminated_before
         # A p99 of the clusters that caught up alone would flatter the reference: none unless all did.
         ref_p99 = percentile(ref_latency, 0.99) if len(ref_latency) == n else float("nan")
         result.update(
             ref_p99_s=ref_p99,
             ref_apiserver_ms_per_change=ref_per_change["kube-apiserver"],
             p99_ratio=(percentile(latency, 0.99) if latency else float("nan")) / (ref_p99 or float("nan")),
+            watches_closed=f"{terminated} ({ref_terminated})",
         )
         return result
 
     finally:
         for watch in watches:
-            watch.stopped = True
+            watch.stop()
         if operator is not None:
             operator.terminate()
             try:
@@ -445,6 +514,7 @@ COLUMNS = (
     ("apiserver RSS MB", "apiserver_rss_mb", ".0f"),
     ("etcd CPU s", "etcd_cpu_s", ".1f"),
     ("bench CPU s", "bench_cpu_s", ".1f"),
+    ("watches closed (ref)", "watches_closed", "s"),
     ("wall s", "wall_s", ".0f"),
 )
 
