@@ -20,6 +20,13 @@ def thawed() -> Iterator[None]:
     gc.unfreeze()  # the test process's heap as it was: nothing stays frozen
 
 
+@pytest.fixture
+def thresholds() -> Iterator[None]:
+    saved = gc.get_threshold()
+    yield
+    gc.set_threshold(*saved)
+
+
 def test_due_once_the_clusters_stood_still_and_none_starts() -> None:
     policy = heap.FreezePolicy(settle=30)
     a, b = ("ns", "a"), ("ns", "b")
@@ -68,7 +75,9 @@ def test_an_object_frozen_is_still_freed_by_its_last_reference(thawed: None) -> 
     assert gone() is None
 
 
-def test_keep_frozen_freezes_once_per_settled_set(thawed: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_keep_frozen_freezes_once_per_settled_set(
+    thawed: None, thresholds: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     clusters: set[tuple[str, str]] = set()
     freezes: list[int] = []
     real = heap.refreeze
@@ -79,6 +88,8 @@ def test_keep_frozen_freezes_once_per_settled_set(thawed: None, monkeypatch: pyt
 
     monkeypatch.setattr(heap, "refreeze", counting)
 
+    gc.set_threshold(700, 10, 10)  # CPython's
+
     async def scenario() -> list[int]:
         seen = []
         task = asyncio.create_task(
@@ -86,9 +97,11 @@ def test_keep_frozen_freezes_once_per_settled_set(thawed: None, monkeypatch: pyt
         )
         await asyncio.sleep(0.2)
         seen.append(len(freezes))  # no cluster: nothing to freeze
+        assert gc.get_threshold() == (700, 10, 10)  # until the first freeze
         clusters.add(("ns", "a"))
         await asyncio.sleep(0.3)
         seen.append(len(freezes))  # once, not at every check
+        assert gc.get_threshold() == heap.THRESHOLDS
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -152,13 +165,6 @@ def test_keep_frozen_gives_memory_back_at_every_check(monkeypatch: pytest.Monkey
 
     asyncio.run(scenario())
     assert len(releases) >= 3  # clusters still starting, nothing frozen: memory is given back all the same
-
-
-@pytest.fixture
-def thresholds() -> Iterator[None]:
-    saved = gc.get_threshold()
-    yield
-    gc.set_threshold(*saved)
 
 
 def _full_collections_in_a_spec_change() -> int:

@@ -212,7 +212,6 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
         metrics.LEADER.set_function(lambda: 1.0 if operator.holding() else 0.0)
         metrics.CLUSTERS.active = operator.holding
         if operator.freeze_heap:
-            heap.tune_collector()
             operator._heap_task = asyncio.get_running_loop().create_task(
                 heap.keep_frozen(
                     lambda: operator.loops, lambda: any(lp.starting for lp in operator.loops.values())

@@ -12,10 +12,11 @@ What a tick had in flight at the freeze (futures, requests) and the loops of clu
 are such cycles: each later freeze, after the set of clusters changed, thaws and collects first. One
 freeze's worth is the most that waits (a freeze every 30 s, tried once, kept twenty and grew the heap).
 
-Between freezes the collector runs less often than CPython's defaults (`tune_collector`): with the
-defaults, a spec change of 2,000 clusters made a full collection of what came since the freeze every
-5 s (0.1-0.6 s each, the event loop stopped), and the collector took an eighth of the operator's CPU
-through the change (docs/kube.md, "The collector's thresholds").
+Once frozen, the collector runs less often than CPython's defaults (`tune_collector`): the oldest
+generation then counts only what came after the freeze, so a quarter of it is soon reached, and a spec
+change of 2,000 clusters made a full collection every 5 s, the collector an eighth of the operator's
+CPU through the change (docs/kube.md, "The collector's thresholds"). Before the first freeze (the
+clusters' creation) the defaults stand: the heap grows, and its cycles are collected as often as before.
 
 Memory freed is given back to the kernel at every check (``release_free_memory``): glibc returns only
 the top of its heap by itself, and what a burst (the clusters' creation, a spec change of every cluster)
@@ -82,7 +83,7 @@ def release_free_memory() -> bool:
 
 
 def tune_collector() -> None:
-    """The operator's collector thresholds (`THRESHOLDS`), set once at its start."""
+    """The collector's thresholds (`THRESHOLDS`) for a frozen heap."""
     gc.set_threshold(*THRESHOLDS)
 
 
@@ -107,6 +108,7 @@ async def keep_frozen(
         await asyncio.sleep(check)
         if policy.due(clusters(), starting(), time.monotonic()):
             frozen, took = refreeze()
+            tune_collector()
             policy.froze()
             log.info("heap frozen with %d clusters: %d objects, in %.2fs", len(clusters()), frozen, took)
         release_free_memory()
