@@ -13,6 +13,8 @@ import pytest
 
 from pgherd.kube import heap, metrics
 
+CPYTHON_THRESHOLDS = (700, 10, 10)  # gc's defaults, which the operator keeps until its first freeze
+
 
 @pytest.fixture
 def thawed() -> Iterator[None]:
@@ -88,7 +90,7 @@ def test_keep_frozen_freezes_once_per_settled_set(
 
     monkeypatch.setattr(heap, "refreeze", counting)
 
-    gc.set_threshold(700, 10, 10)  # CPython's
+    gc.set_threshold(*CPYTHON_THRESHOLDS)
 
     async def scenario() -> list[int]:
         seen = []
@@ -97,7 +99,7 @@ def test_keep_frozen_freezes_once_per_settled_set(
         )
         await asyncio.sleep(0.2)
         seen.append(len(freezes))  # no cluster: nothing to freeze
-        assert gc.get_threshold() == (700, 10, 10)  # until the first freeze
+        assert gc.get_threshold() == CPYTHON_THRESHOLDS  # until the first freeze
         clusters.add(("ns", "a"))
         await asyncio.sleep(0.3)
         seen.append(len(freezes))  # once, not at every check
@@ -198,8 +200,8 @@ def _full_collections_in_a_spec_change() -> int:
 def test_the_operator_collects_its_oldest_generation_rarely(thresholds: None, thawed: None) -> None:
     """With CPython's defaults, a spec change of 2,000 clusters brought a full collection (0.1-0.6 s of
     the event loop stopped) every few seconds; the operator's thresholds make them 10 times rarer."""
-    gc.set_threshold(700, 10, 10)
-    assert _full_collections_in_a_spec_change() >= 3  # the work below does call for them by default
+    gc.set_threshold(*CPYTHON_THRESHOLDS)
+    assert _full_collections_in_a_spec_change() >= 3  # the same work does call for them with the defaults
     heap.tune_collector()
     assert gc.get_threshold() == heap.THRESHOLDS
     assert _full_collections_in_a_spec_change() == 0
