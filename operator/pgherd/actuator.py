@@ -323,7 +323,12 @@ async def rejoin(p: Platform, action: act.Rejoin) -> None:
         p,
         action.member,
         "rejoin",
-        lambda c: c.rejoin(upstream, reclone=action.reclone, reason=action.reason),
+        lambda c: c.rejoin(
+            upstream,
+            reclone=action.reclone,
+            reason=action.reason,
+            ahead_of_promotion=action.ahead_of_promotion,
+        ),
         then=rejoined,
     )
 

@@ -261,6 +261,9 @@ class SlowProxy:
         self.target_port = target_port
         self.delay = delay
         self.request_delay = 0.0
+        # The first line of what clients sent after a lull of LULL (or first on a connection): their
+        # requests, as "HEAD /bucket/key HTTP/1.1" for plain HTTP.
+        self.requests: list[str] = []
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self._closed = False
@@ -291,7 +294,8 @@ class SlowProxy:
         last = 0.0
         with contextlib.suppress(OSError):
             while chunk := source.recv(65536):
-                if self.request_delay and time.monotonic() - last > self.LULL:
+                if time.monotonic() - last > self.LULL:
+                    self.requests.append(chunk.split(b"\r\n", 1)[0].decode(errors="replace"))
                     time.sleep(self.request_delay)
                 sink.sendall(chunk)
                 last = time.monotonic()

@@ -257,3 +257,31 @@ def test_a_standby_being_promoted_is_told_what_the_archive_holds(archived):
         assert answer() == "200"
     finally:
         service.stop()
+
+
+def test_while_its_skip_file_exists_a_standby_asks_the_archive_nothing_but_its_local_history(
+    tmp_path, archived
+):
+    """Instance.skip_archive's file (a replica following a member's promotion, for a moment): every
+    question is "not archived" at once, the service and the agent unasked, except a history file its
+    WAL receiver already brought; gone, the command asks as before."""
+    fake_agent, calls = recording_agent(tmp_path)
+    skip = tmp_path / "run dir" / "skip-archive%"  # quoted and %-escaped like any path in the command
+    skip.parent.mkdir()
+    command = config.restore_command(
+        fake_agent, wal_service=str(archived.service.socket_path), skip_archive=str(skip)
+    )
+    history = archived.pgdata / "pg_wal" / "00000002.history"
+    history.write_text("1\t0/3000000\tno recovery target specified\n")
+    skip.touch()
+    archived.service.stop()  # a question to it would fall back to the agent, which records it
+    assert run_restore_command(command, SEGMENT, archived.pgdata) == 1
+    assert run_restore_command(command, "00000003.history", archived.pgdata) == 1
+    assert (
+        run_restore_command(command, "00000002.history", archived.pgdata, dest="pg_wal/RECOVERYHISTORY") == 0
+    )
+    assert (archived.pgdata / "pg_wal" / "RECOVERYHISTORY").read_text() == history.read_text()
+    assert not calls.exists()
+    skip.unlink()
+    assert run_restore_command(command, SEGMENT, archived.pgdata) == 1
+    assert calls.read_text().splitlines() == [f"wal-fetch {SEGMENT} pg_wal/RECOVERYXLOG"]

@@ -114,6 +114,7 @@ def test_failover_fences_then_promotes_the_member_with_most_wal() -> None:
     # rewind), as a cascading standby that follows the timeline switch.
     early = promote.actions[0]
     assert isinstance(early, A.Rejoin) and (early.member, early.upstream) == ("pg-1", "pg-2")
+    assert early.ahead_of_promotion  # its agent skips the archive inside the timeline switch
     # A target without them (never set, or set for other voters) gets them first.
     unset = with_members(fenced, replace(fenced.members[2], sync=None))
     promote = decide(spec, unset, decision.status)

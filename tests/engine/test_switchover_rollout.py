@@ -24,7 +24,9 @@ def test_requested_switchover_drains_then_promotes_caught_up_target() -> None:
     sync = d1.actions[0]
     assert isinstance(sync, A.SetSynchronousStandbys) and sync.member == "pg-1"
     assert sync.config.standbys == {"pg-0", "pg-2"} and sync.config.k == 1
-    assert d1.actions[1] == A.Rejoin("pg-2", "pg-1", reason="follow pg-1, being promoted")
+    assert d1.actions[1] == A.Rejoin(
+        "pg-2", "pg-1", reason="follow pg-1, being promoted", ahead_of_promotion=True
+    )
     assert d1.actions[2] == A.Fence("pg-0", reason="switchover")
     assert d1.status.operation is not None and d1.status.operation.target == "pg-1"
     # Clean stop: the adapter reports the final WAL end; pg-1 has it all.
@@ -40,7 +42,9 @@ def test_requested_switchover_drains_then_promotes_caught_up_target() -> None:
     d2 = decide(spec, with_members(view, old), d1.status)
     assert [type(a) for a in d2.actions] == [A.SetSynchronousStandbys, A.Rejoin, A.Promote]
     assert d2.actions[2].member == "pg-1"  # type: ignore[union-attr]
-    assert d2.actions[1] == A.Rejoin("pg-2", "pg-1", reason="follow pg-1, being promoted")
+    assert d2.actions[1] == A.Rejoin(
+        "pg-2", "pg-1", reason="follow pg-1, being promoted", ahead_of_promotion=True
+    )
     # Both seen done while it drained: the promotion alone.
     prepared = with_members(
         view, old, replace(view.members[1], sync=sync.config), replace(view.members[2], upstream="pg-1")

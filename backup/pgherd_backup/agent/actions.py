@@ -47,6 +47,9 @@ from pgherd_backup.postgres.seed import basebackup_seed, is_empty
 log = logging.getLogger("pgherd.agent")
 
 PROMOTE_WAIT = 60  # seconds pg_promote() waits for the end of recovery
+# A re-point ahead of a promotion: how long the replica's restore_command skips the archive, enough for
+# the promotion and the switch that follows it; a replica that needs the archive meanwhile waits as long.
+SKIP_ARCHIVE_SECONDS = 5.0
 # How long a running replica may take to stream from a new upstream after a reload before a rejoin
 # stops it and rewinds (its history diverged, or the upstream is not ready yet).
 REPOINT_WAIT = 10.0
@@ -65,6 +68,7 @@ def _timeline(inst: Instance) -> int | None:
 def promote(inst: Instance, request: PromoteRequest) -> ActionResult:
     """pg_promote(); a stopped member is started read-only with no upstream first. Clears the fence."""
     with inst.action("promote"):
+        inst.use_archive()  # its new timeline must be one the archive does not hold: ask it
         token = inst.order()
         if not inst.data_present():
             raise Refused("no data directory to promote: seed the member first")
@@ -216,11 +220,14 @@ def _streams_steadily(inst: Instance, upstream: str) -> bool:
     return _receiver_from(inst, upstream) == pid
 
 
-def _repoint(inst: Instance, upstream: str) -> None:
+def _repoint(inst: Instance, upstream: str, *, ahead_of_promotion: bool = False) -> None:
     """A running replica follows another upstream: primary_conninfo changes on a reload (the WAL receiver
-    restarts with it; recovery_target_timeline=latest takes the new timeline)."""
+    restarts with it; recovery_target_timeline=latest takes the new timeline). `ahead_of_promotion`:
+    the upstream is about to be promoted; its timeline switch streams without the archive."""
     changes: dict[str, Any] = {"primary_conninfo": inst.conninfo(upstream)}
-    command = inst.restore_command()
+    if ahead_of_promotion:
+        inst.skip_archive(SKIP_ARCHIVE_SECONDS)
+    command = inst.restore_command(standby=True)
     if command is not None:
         changes["restore_command"] = command  # a member started with no upstream ran without the archive
     update_pgherd_conf(inst.pgdata, changes)
@@ -269,7 +276,7 @@ def rejoin(inst: Instance, request: RejoinRequest) -> ActionResult:
                 return ActionResult(
                     "rejoin", changed=False, method="none", detail="already streaming from it"
                 )
-            _repoint(inst, upstream)
+            _repoint(inst, upstream, ahead_of_promotion=request.ahead_of_promotion)
             inst.record(token, fenced=False, demoted=False, upstream=upstream)
             if _wait(lambda: _streams_steadily(inst, upstream), REPOINT_WAIT):
                 return ActionResult(
@@ -313,7 +320,7 @@ def _rebuild(inst: Instance, upstream: str, *, reclone: bool) -> tuple[str, Any]
             bins=inst.bins,
             settings=inst.settings(),
             primary_conninfo=inst.conninfo(upstream),
-            restore_command=inst.restore_command(),
+            restore_command=inst.restore_command(standby=True),
         )
         return ("reclone" if kept is not None else "basebackup"), kept
     result = rejoin_as_standby(
@@ -321,7 +328,7 @@ def _rebuild(inst: Instance, upstream: str, *, reclone: bool) -> tuple[str, Any]
         inst.conninfo(upstream, superuser=True),
         bins=inst.bins,
         primary_conninfo=inst.conninfo(upstream),
-        restore_command=inst.restore_command(),
+        restore_command=inst.restore_command(standby=True),
         keep_aside=inst.keep_aside,
     )
     return result.method, result.kept_aside

@@ -211,10 +211,13 @@ class AgentClient:
     def unfence(self, primary: bool = False, reason: str = "") -> ActionResult:
         return self.act(UnfenceRequest(reason=reason, primary=primary))
 
-    def rejoin(self, upstream: str, reclone: bool = False, reason: str = "") -> ActionResult:
-        return self.act(
-            RejoinRequest(reason=reason, upstream=upstream, reclone=reclone), timeout=SLOW_ACTION_TIMEOUT
+    def rejoin(
+        self, upstream: str, reclone: bool = False, reason: str = "", *, ahead_of_promotion: bool = False
+    ) -> ActionResult:
+        request = RejoinRequest(
+            reason=reason, upstream=upstream, reclone=reclone, ahead_of_promotion=ahead_of_promotion
         )
+        return self.act(request, timeout=SLOW_ACTION_TIMEOUT)
 
     def restart(self, revision: str | None = None, primary: bool = False, reason: str = "") -> ActionResult:
         return self.act(RestartRequest(reason=reason, revision=revision, primary=primary))

@@ -242,6 +242,8 @@ class Instance:
         self.isolation = Isolation()  # the operator's last word and order (isolation.py)
         self.boot_done = threading.Event()
         self._state_lock = threading.RLock()
+        self._skip_lock = threading.Lock()
+        self._skip_until = 0.0  # time.monotonic() at which skip_archive ends
         self._action_lock = threading.Lock()
         self.fence_lock = threading.Lock()
         self.postmaster = PostmasterChild(
@@ -287,6 +289,7 @@ class Instance:
         """Directories the PostgreSQL account must own or reach, and the password file its clients use."""
         make_pg_dir(self.options.agent_dir, mode=0o700)
         make_pg_dir(self.options.socket_dir, mode=0o700)
+        self.use_archive()  # a marker left by an agent that died inside skip_archive's moment
         # archive_command / restore_command run pgherd-backup as the PostgreSQL account
         grant_traverse(sys.executable, self.agent_executable, self.options.volume)
         self.write_passfile()
@@ -385,7 +388,9 @@ class Instance:
             return {"recovery_init_sync_method": "syncfs"}
         return {}
 
-    def restore_command(self) -> str | None:
+    def restore_command(self, *, standby: bool = False) -> str | None:
+        """`standby`: a standby's, which skip_archive may short-cut; never an archive recovery's (a
+        restore, whose first "not archived" ends it)."""
         if not self.options.store:
             return None
         return restore_command(
@@ -393,7 +398,34 @@ class Instance:
             self.options.store,
             self.options.cluster,
             wal_service=str(self.options.wal_socket),
+            skip_archive=str(self.options.skip_archive_file) if standby else None,
         )
+
+    def skip_archive(self, seconds: float) -> None:
+        """For `seconds`, the standby's restore_command answers "not archived" without asking, but for a
+        history file already in pg_wal. A replica re-pointed at a member about to be promoted gets the
+        new timeline's history and WAL by streaming; each question to the archive inside its timeline
+        switch (a process, the WAL service, S3 for the next history file) delays the new primary's
+        first quorum commit, which waits for it. use_archive() ends it at once."""
+        marker = self.options.skip_archive_file
+        with self._skip_lock:
+            self._skip_until = time.monotonic() + seconds
+            marker.touch()
+        timer = threading.Timer(seconds, self._skip_ends)
+        timer.daemon = True
+        timer.start()
+
+    def _skip_ends(self) -> None:
+        with self._skip_lock:
+            if time.monotonic() >= self._skip_until:
+                self.options.skip_archive_file.unlink(missing_ok=True)
+
+    def use_archive(self) -> None:
+        """restore_command asks the archive again: before any start, and before a promotion, whose new
+        timeline is one the archive does not hold (a skipped question would answer "free" wrongly)."""
+        with self._skip_lock:
+            self._skip_until = 0.0
+            self.options.skip_archive_file.unlink(missing_ok=True)
 
     def conninfo(self, upstream: str, *, superuser: bool = False) -> str:
         """A conninfo to `upstream`: as given when explicit; else with the replication account (or the
@@ -571,6 +603,7 @@ class Instance:
             raise Refused(f"{self.pgdata} holds no data: seed it first (POST /actions/seed)")
         self.check(token, may_start_fenced=may_start_fenced)
         if not self.postmaster.alive:
+            self.use_archive()
             self.configure(role, upstream)
             if local_only:
                 update_pgherd_conf(self.pgdata, {"listen_addresses": ""})
@@ -619,7 +652,7 @@ class Instance:
         elif role is StartRole.STANDBY:
             if upstream is not None:
                 write_standby_config(
-                    self.pgdata, self.conninfo(upstream), restore_command=self.restore_command()
+                    self.pgdata, self.conninfo(upstream), restore_command=self.restore_command(standby=True)
                 )
             else:
                 # Its own WAL only: no upstream and no archive, so that it cannot wander onto another

@@ -166,6 +166,11 @@ class AgentOptions:
         return self.socket_dir / "wal.sock"
 
     @property
+    def skip_archive_file(self) -> Path:
+        """While it exists, a standby's restore_command answers "not archived" unasked (Instance.skip_archive)."""
+        return self.socket_dir / "skip-archive"
+
+    @property
     def kept(self) -> Path:
         return self.kept_dir or self.volume / "kept"
 

@@ -91,7 +91,7 @@ def seed_and_start(
             bins=inst.bins,
             settings=inst.settings(),
             primary_conninfo=inst.conninfo(upstream),
-            restore_command=inst.restore_command(),
+            restore_command=inst.restore_command(standby=True),
         )
         inst.record(token, fenced=False, demoted=False, upstream=upstream)
         inst.start(StartRole.STANDBY, token, upstream=upstream)

@@ -287,11 +287,13 @@ class UnfenceRequest(Request):
 
 @dataclass(frozen=True)
 class RejoinRequest(Request):
-    """`upstream`: a libpq conninfo, or `host:port` of the member to follow."""
+    """`upstream`: a libpq conninfo, or `host:port` of the member to follow. `aheadOfPromotion`: the
+    upstream is about to be promoted (a running replica then switches timeline without the archive)."""
 
     action = "rejoin"
     upstream: str = ""
     reclone: bool = False
+    ahead_of_promotion: bool = False
 
 
 @dataclass(frozen=True)

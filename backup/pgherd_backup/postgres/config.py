@@ -180,13 +180,17 @@ def restore_command(
     cluster: str | None = None,
     *,
     wal_service: str | None = None,
+    skip_archive: str | None = None,
 ) -> str:
-    """`restore_command` through wal-fetch, with two shortcuts taken by the shell.
+    """`restore_command` through wal-fetch, with three shortcuts taken by the shell.
 
     - At every timeline switch a standby asks for the new timeline's history file several times,
       inside the write outage of a failover or switchover. Streaming replication has already written
       it into pg_wal, and a history file never changes (timeline ids are chosen so that the archive
       does not hold them yet): the local copy is used without starting the agent.
+    - While the file `skip_archive` exists (a standby's only, for a moment: Instance.skip_archive),
+      anything else is "not archived" without asking: a standby following a member's promotion gets
+      the new timeline by streaming, and every question to the archive delays its switch.
     - With `wal_service` (the Unix socket of pgherd_backup.walservice), the service is asked first
       whether the archive holds the file at all; only its 404 answers "not archived" without starting
       the agent. Anything else (archived, no answer, no curl) runs wal-fetch as without the service.
@@ -195,6 +199,8 @@ def restore_command(
     """
     fetch = agent_command(executable, "wal-fetch", *_store_flags(store, cluster), "%f", "%p")
     steps = ['case %f in *.history) test -f pg_wal/%f && exec cp pg_wal/%f "%p";; esac']
+    if skip_archive:
+        steps.append(f"test -e {shell_argument(skip_archive)} && exit 1")
     if wal_service:
         steps.append(f'test "{_service_answer(wal_service, "wal", "--max-time 2")}" = 404 && exit 1')
     steps.append(fetch)

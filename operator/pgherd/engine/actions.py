@@ -124,12 +124,14 @@ class SetSynchronousStandbys:
 class Rejoin:
     """Make the member a streaming replica of ``upstream``: re-point primary_conninfo; when its history
     diverged, pg_rewind, or re-clone when rewind fails or ``reclone`` is set. Data replaced by a
-    re-clone is kept aside (moved, never deleted). Clears ``fenced``."""
+    re-clone is kept aside (moved, never deleted). Clears ``fenced``. ``ahead_of_promotion``: the
+    upstream is about to be promoted (its agent skips the archive in the replica's timeline switch)."""
 
     member: str
     upstream: str
     reclone: bool = False
     reason: str = ""
+    ahead_of_promotion: bool = False
 
 
 @dataclass(frozen=True)

@@ -390,7 +390,7 @@ def early_follow(ctx: Context, operation: Operation, target: MemberView) -> tupl
     if held is None:
         return ()
     return tuple(
-        Rejoin(m.name, target.name, reason=f"follow {target.name}, being promoted")
+        Rejoin(m.name, target.name, reason=f"follow {target.name}, being promoted", ahead_of_promotion=True)
         for m in ctx.view.existing()
         if m.name not in (target.name, operation.source, ctx.kept_member)
         and m.reachable
