@@ -20,14 +20,17 @@ from pgherd_backup.agent.wire import ActionOutcome, Status, WalReceiver, WireErr
 from pgherd_backup.postgres.binaries import data_major
 from pgherd_backup.wal import archive_failure
 
-_QUERY = """
+# A primary's timeline, from its current WAL file's name (pg_control's lags a promotion until the
+# checkpoint after it, which is spread).
+PRIMARY_TIMELINE = "('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int"
+
+_QUERY = f"""
 SELECT pg_is_in_recovery(),
        (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_receive_lsn() ELSE pg_current_wal_lsn() END)::text,
        (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)::text,
        (CASE WHEN pg_is_in_recovery() THEN (SELECT flushed_lsn FROM pg_stat_wal_receiver)
              ELSE pg_current_wal_flush_lsn() END)::text,
-       CASE WHEN pg_is_in_recovery() THEN NULL
-            ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int END,
+       CASE WHEN pg_is_in_recovery() THEN NULL ELSE {PRIMARY_TIMELINE} END,
        (SELECT timeline_id FROM pg_control_checkpoint()),
        (SELECT status FROM pg_stat_wal_receiver),
        (SELECT received_tli FROM pg_stat_wal_receiver),
@@ -40,7 +43,7 @@ SELECT pg_is_in_recovery(),
        (SELECT coalesce(last_failed_time < last_archived_time, last_failed_time IS NULL)
           FROM pg_stat_archiver),
        (SELECT max(('x' || substr(name, 1, 8))::bit(32)::int) FROM pg_ls_waldir()
-         WHERE name ~ '^[0-9A-F]{24}$'),
+         WHERE name ~ '^[0-9A-F]{{24}}$'),
        (SELECT count(*) > 0 FROM pg_settings WHERE pending_restart),
        (SELECT system_identifier FROM pg_control_system())::text,
        current_setting('server_version_num')::int
