@@ -29,7 +29,7 @@ from pgherd.kube.observe import ClusterObjects
 from pgherd.kube.restores import Restores
 from pgherd.local.s3server import free_port
 
-from .realkube import ChartIdentity, Kube, running_as
+from .realkube import AuditLog, ChartIdentity, Kube, running_as
 from .test_operator import cluster_manifest
 from .waiting import eventually
 
@@ -49,12 +49,8 @@ def reasons(events: list[JSON]) -> list[str]:
     return [e["reason"] for e in events]
 
 
-def test_the_loop_tells_a_decision_once_when_its_status_is_written(
-    kube: Kube, namespace: str, chart_operator: ChartIdentity
-) -> None:
-    """A failover whose new primary was promoted and never answered: the engine records it as the primary
-    all the same (never a second promotion beside it) and the failover ends short of a primary."""
-    ns = namespace
+def _failover_promoted(kube: Kube, ns: str) -> None:
+    """A new cluster whose status says its failover promoted hippo-1, which never answered."""
     kube.create(cluster_manifest(ns))
     long_ago = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
     engine = {
@@ -74,6 +70,15 @@ def test_the_loop_tells_a_decision_once_when_its_status_is_written(
         },
     }
     kube.merge("postgresclusters", ns, "hippo", {"status": {"engine": engine}}, subresource="status")
+
+
+def test_the_loop_tells_a_decision_once_when_its_status_is_written(
+    kube: Kube, namespace: str, chart_operator: ChartIdentity
+) -> None:
+    """A failover whose new primary was promoted and never answered: the engine records it as the primary
+    all the same (never a second promotion beside it) and the failover ends short of a primary."""
+    ns = namespace
+    _failover_promoted(kube, ns)
     with running_as(chart_operator):
         eventually(
             lambda: {"Promoted", "FailoverInterrupted"} <= set(reasons(events_of(kube, ns))),
@@ -97,6 +102,28 @@ def test_the_loop_tells_a_decision_once_when_its_status_is_written(
         assert event["regarding"]["uid"] == kube.read("postgresclusters", ns, "hippo")["metadata"]["uid"]  # type: ignore[index]
     status = (kube.read("postgresclusters", ns, "hippo") or {})["status"]
     assert status["engine"]["currentPrimary"] == "hippo-1" and "operation" not in status["engine"]
+
+
+def test_a_tick_tells_its_decision_once_it_acted(
+    kube: Kube, namespace: str, chart_operator: ChartIdentity, audit: AuditLog
+) -> None:
+    """Each Event is a request to the API server: the tick writes its status, then acts (the owned
+    objects, the actions), and only then tells. A failover's promotion on localkube waited up to 0.17 s
+    behind the Events before. Here, the first tick of a cluster whose failover promoted: the StatefulSet
+    it creates comes before the Events it tells (Promoted, FailoverInterrupted)."""
+    ns = namespace
+    mark = audit.fence()
+    _failover_promoted(kube, ns)
+    with running_as(chart_operator):
+        eventually(lambda: "Promoted" in reasons(events_of(kube, ns)), 30, "the Promoted Event")
+    audit.fence()
+    creates = [
+        e.resource
+        for e in audit.of(chart_operator.user, mark)
+        if e.verb == "create" and e.resource in ("statefulsets", "events")
+    ]
+    assert "statefulsets" in creates and "events" in creates, creates
+    assert creates.index("statefulsets") < creates.index("events"), creates
 
 
 def test_a_new_cluster_tells_its_first_member_once(
