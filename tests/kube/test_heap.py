@@ -112,6 +112,38 @@ def test_keep_frozen_freezes_once_per_settled_set(
     assert asyncio.run(scenario()) == [0, 1]
 
 
+def test_loops_starting_after_a_freeze_have_cpythons_collector_until_the_next(
+    thawed: None, thresholds: None
+) -> None:
+    """New clusters after a freeze (their loops starting) make their cycles at CPython's pace, as the
+    first clusters did; the next freeze raises the thresholds again."""
+    clusters: set[tuple[str, str]] = {("ns", "a")}
+    starting = [False]
+    gc.set_threshold(*CPYTHON_THRESHOLDS)
+
+    async def scenario() -> list[tuple[int, int, int]]:
+        seen = []
+        policy = heap.FreezePolicy(settle=0.05)
+        task = asyncio.create_task(
+            heap.keep_frozen(lambda: clusters, lambda: starting[0], policy, check=0.01)
+        )
+        await asyncio.sleep(0.2)
+        seen.append(gc.get_threshold())  # frozen once
+        clusters.add(("ns", "b"))
+        starting[0] = True
+        await asyncio.sleep(0.1)
+        seen.append(gc.get_threshold())  # b's loop starts
+        starting[0] = False
+        await asyncio.sleep(0.2)
+        seen.append(gc.get_threshold())  # frozen again
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return seen
+
+    assert asyncio.run(scenario()) == [heap.THRESHOLDS, CPYTHON_THRESHOLDS, heap.THRESHOLDS]
+
+
 def test_the_operator_metric_counts_what_is_frozen(thawed: None) -> None:
     def sample() -> float | None:
         return metrics.REGISTRY.get_sample_value("pgherd_operator_heap_frozen_objects")
@@ -202,6 +234,6 @@ def test_the_operator_collects_its_oldest_generation_rarely(thresholds: None, th
     the event loop stopped) every few seconds; the operator's thresholds make them 10 times rarer."""
     gc.set_threshold(*CPYTHON_THRESHOLDS)
     assert _full_collections_in_a_spec_change() >= 3  # the same work does call for them with the defaults
-    heap.tune_collector()
+    heap.tune_collector(frozen=True)
     assert gc.get_threshold() == heap.THRESHOLDS
     assert _full_collections_in_a_spec_change() == 0
