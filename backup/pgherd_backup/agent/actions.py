@@ -47,6 +47,7 @@ from pgherd_backup.postgres.seed import basebackup_seed, is_empty
 log = logging.getLogger("pgherd.agent")
 
 PROMOTE_WAIT = 60  # seconds pg_promote() waits for the end of recovery
+PROMOTE_AGAIN = 0.05  # seconds between pg_promote() requests while recovery goes on
 # A re-point ahead of a promotion: how long the replica's restore_command skips the archive, enough for
 # the promotion and the switch that follows it; a replica that needs the archive meanwhile waits as long.
 SKIP_ARCHIVE_SECONDS = 5.0
@@ -79,15 +80,7 @@ def promote(inst: Instance, request: PromoteRequest) -> ActionResult:
         if inst.wait_accepting(inst.options.start_timeout) == "replica":
             inst.check(token, may_start_fenced=True)
             with inst.connect(timeout=2, statement_timeout=PROMOTE_WAIT + 5) as conn:
-                # pg_promote(wait => true) looks every 100 ms; a switchover's write outage includes this
-                # wait: the end of recovery is looked at every 5 ms instead.
-                conn.execute("SELECT pg_promote(false)")
-
-                def promoted() -> bool:
-                    row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
-                    return row is not None and not row[0]
-
-                if not _wait(promoted, PROMOTE_WAIT, every=0.005):
+                if not end_recovery(conn, PROMOTE_WAIT):
                     raise PostgresError(
                         f"the promotion of {inst.options.member} did not finish within {PROMOTE_WAIT}s: "
                         f"see the PostgreSQL log {inst.options.log_file}"
@@ -107,6 +100,30 @@ def promote(inst: Instance, request: PromoteRequest) -> ActionResult:
             detail="promoted" if changed else "already the primary",
             timeline=timeline if timeline is not None else _timeline(inst),
         )
+
+
+def end_recovery(conn: psycopg.Connection[Any], timeout: float) -> bool:
+    """pg_promote(false), asked again every PROMOTE_AGAIN until recovery has ended (True) or ``timeout``
+    passed. pg_promote(wait => true) looks every 100 ms, which a failover's write outage would include.
+    PostgreSQL's startup process may take a request and then sleep out `wal_retrieve_retry_interval`
+    (one that lands while a WAL receiver is being started): the next request wakes it. A request made as
+    recovery ends leaves a promote file, which the postmaster removes at its next start."""
+    asked: float | None = None
+
+    def ended() -> bool:
+        nonlocal asked
+        row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+        if row is not None and not row[0]:
+            return True
+        if asked is None or time.monotonic() - asked >= PROMOTE_AGAIN:
+            try:
+                conn.execute("SELECT pg_promote(false)")
+            except pg_errors.ObjectNotInPrerequisiteState:  # recovery ended since the look
+                return True
+            asked = time.monotonic()
+        return False
+
+    return _wait(ended, timeout, every=0.005)
 
 
 # -- fence / demote / unfence ------------------------------------------------------------------------
