@@ -116,9 +116,9 @@ def end_recovery(conn: psycopg.Connection[Any], timeout: float) -> bool:
         if row is not None and not row[0]:
             return True
         if asked is None or time.monotonic() - asked >= PROMOTE_AGAIN:
-            try:
-                conn.execute("SELECT pg_promote(false)")
-            except pg_errors.ObjectNotInPrerequisiteState:  # recovery ended since the look
+            try:  # asked only in recovery: a refusal is an ERROR in PostgreSQL's log
+                conn.execute("SELECT pg_promote(false) WHERE pg_is_in_recovery()")
+            except pg_errors.ObjectNotInPrerequisiteState:  # recovery ended between the two
                 return True
             asked = time.monotonic()
         return False
