@@ -130,12 +130,26 @@ def main() -> None:
     parser.add_argument(
         "--backoff", action="store_true", help="kill the primary's container and keep it down instead"
     )
+    parser.add_argument(
+        "--parameter",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a PostgreSQL parameter of the cluster (spec.parameters), such as log_min_duration_statement=0",
+    )
     args = parser.parse_args()
+    parameters = dict(item.split("=", 1) for item in args.parameter)
     lk_dir = Path(os.environ["PGHERD_E2E_LOCALKUBE_DIR"])
     ports = json.loads((lk_dir / "state.json").read_text())["settings"]["ports"]
     driver = LocalKubeDriver(Path(tempfile.mkdtemp(prefix="pgherd-timeline-")), NAME)
     driver.apply(
-        manifests.cluster(NAME, postgres_version=driver.postgres_version, instances=3, mode="quorum")
+        manifests.cluster(
+            NAME,
+            postgres_version=driver.postgres_version,
+            instances=3,
+            mode="quorum",
+            parameters=parameters or None,
+        )
     )
     try:
         driver.wait_for(healthy(3), 300, "a healthy cluster")
@@ -232,6 +246,19 @@ def _one(driver: LocalKubeDriver, load: WriteLoad, proxy_port: int, run: int, *,
                 window.start + offset, f"writes fail ({window.failures}x: {window.first_error[:90]})"
             )
             timeline.add(window.end + offset, "writes acknowledged again")
+    # The outage's end in detail: the last failed writes and the first acknowledged, each from its start.
+    attempts = [a for a in report.attempts if a.started >= mono_requested]
+    for i, attempt in enumerate(attempts):
+        if attempt.ok and i > 0 and not attempts[i - 1].ok:
+            for failed in attempts[max(0, i - 3) : i]:
+                timeline.add(
+                    failed.started + offset,
+                    f"a write begun, failed after {failed.ended - failed.started:.3f} s: {(failed.error or '')[:70]}",
+                )
+            timeline.add(
+                attempt.started + offset,
+                f"a write begun, acknowledged after {attempt.ended - attempt.started:.3f} s",
+            )
     gap = report.max_gap(since=mono_requested, until=time.monotonic())
     logs = driver.kube.run(
         "-n", "pgherd-system", "logs", "deployment/pgherd", "--since=2m", check=False
