@@ -135,6 +135,41 @@ def test_sigterm_on_a_primary_reports_terminating_and_waits_for_the_operator(age
     assert ROUTE_SETTLE <= time.monotonic() - handed_over < ROUTE_SETTLE + 5
 
 
+def test_a_primary_fenced_before_its_sigterm_still_stays_until_the_hand_over(agents):
+    """The operator starts the switchover on the pod's deletion (its watch event), which may reach it
+    before the kubelet's SIGTERM reaches the agent: fenced first, the primary must still stay until the
+    operator's Rejoin. Seen on localkube (2026-12-07): its agent went at once, and writes through the -rw
+    Service waited 4.7 s for the vanished address until kube-proxy routed them to the new primary."""
+    primary = agents.primary(MEMBERS[0], "--terminate-wait", "60")
+    assert primary.client.fence(reason="switchover: the pod is being deleted").shutdown_clean
+    primary.signal(signal.SIGTERM)
+    time.sleep(1.5)
+    assert primary.process is not None and primary.process.poll() is None, "it went before the hand-over"
+    started = time.monotonic()
+    with pytest.raises(psycopg.OperationalError, match="refused"):
+        psycopg.connect(primary.dsn())
+    assert time.monotonic() - started < 1
+    handed_over = time.monotonic()
+    with pytest.raises(AgentActionError, match="shutting down"):
+        primary.client.rejoin("127.0.0.1:1", reason="new primary elsewhere")
+    assert primary.wait_exit(timeout=30) == 0
+    assert ROUTE_SETTLE <= time.monotonic() - handed_over < ROUTE_SETTLE + 5
+
+
+def test_a_fenced_replica_goes_at_once_on_sigterm(agents):
+    """Only a fenced primary may still be where the -rw Service routes: a fenced replica does not stay."""
+    primary = agents.primary(MEMBERS[0])
+    replica = agents(
+        MEMBERS[1], "--seed", "basebackup", "--upstream", primary.address, "--terminate-wait", "60"
+    )
+    replica.wait_streaming()
+    replica.client.fence(reason="a test")
+    started = time.monotonic()
+    replica.signal(signal.SIGTERM)
+    assert replica.wait_exit(timeout=30) == 0
+    assert time.monotonic() - started < ROUTE_SETTLE
+
+
 def test_a_terminating_primary_waits_only_as_long_as_it_was_told(agents):
     primary = agents.primary(MEMBERS[0], "--terminate-wait", "2")
     started = time.monotonic()

@@ -848,7 +848,6 @@ class Instance:
         Fenced by the operator meanwhile, it stays until the operator says the hand-over is done (see
         linger)."""
         wait = self.options.wait_for_switchover
-        handing_over = False
         deadline = time.monotonic() + wait
         if self.role() == "primary" and not self.state.fenced and wait > 0:
             self.terminating = True
@@ -858,7 +857,9 @@ class Instance:
             )
             while time.monotonic() < deadline and not self.state.fenced and self.postmaster.alive:
                 time.sleep(0.1)
-            handing_over = self.state.fenced
+        # Fenced as the primary, while waiting or before the SIGTERM came: the operator switches over on
+        # the pod's deletion, whose watch event may reach it first, and the -rw Service may still route here.
+        handing_over = self.state.fenced and self.state.role_at_fence == "primary"
         with self._state_lock:
             self.shutting_down = True
             self.epoch += 1
