@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import ssl
+import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from pgherd_backup.agent.instance import Refused, describe_upstream, upstream_pa
 from pgherd_backup.agent.options import read_parameters
 from pgherd_backup.agent.state import AgentState
 from pgherd_backup.agent.tls import client_context, issue, server_context
+from pgherd_backup.agent.upstream import ProcessExit
 from pgherd_backup.agent.wire import (
     ACTIONS,
     ActionOutcome,
@@ -260,3 +263,24 @@ def test_the_upstream_is_heard_from_its_receiver_and_its_loss_dated_at_the_first
     assert silence_now(lost, "10.0.0.9:5432", now=101.0) is None
     assert next_heard(streaming, None, 0.5, at=101.0) is None
     assert next_heard(None, up, None, at=101.0) is None
+
+
+def test_a_process_exit_wakes_its_watcher_at_once() -> None:
+    """The WAL receiver watch's wake (agent/upstream.py): a process's end ends the wait well before its
+    timeout; a live one's wait lasts the timeout, as does one that cannot be watched."""
+    child = subprocess.Popen(["sleep", "0.3"])
+    watched = ProcessExit(child.pid)
+    try:
+        assert not watched.wait(0.05)  # still running
+        started = time.monotonic()
+        assert watched.wait(10)
+        assert time.monotonic() - started < 5
+        child.wait()
+        assert watched.wait(10)  # stays readable: the watch forgets it after one wake
+    finally:
+        watched.close()
+        child.kill()
+        child.wait()
+    gone = ProcessExit(child.pid)  # reaped: no such process, left to the next sample
+    assert not gone.wait(0.05)
+    gone.close()

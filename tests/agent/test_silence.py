@@ -96,7 +96,7 @@ def test_a_quiet_primary_is_never_silent_beyond_its_heartbeat_and_a_stopped_one_
 # thus proves the agent's date is at most the round trip (tens of ms, bounded by ROUND_TRIP) before the
 # kill; the aged sample of the last poll was 2 s before it.
 ROUND_TRIP = 0.25
-LATE = 0.5  # the agent samples its receiver every 0.2 s: the loss is dated at most one sample late
+LATE = 0.5  # the agent samples its receiver every 0.1 s and at its end: dated at most a sample late
 
 
 def test_a_dead_primary_is_dated_from_the_replicas_own_samples_not_from_the_operators_last_poll(agents):
