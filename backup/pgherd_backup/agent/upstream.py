@@ -61,11 +61,15 @@ class ProcessExit:
 
     def wait(self, timeout: float) -> bool:
         """Whether the process ended within `timeout` seconds (False when it cannot be watched)."""
-        if self._fd is None:
-            time.sleep(timeout)
-            return False
-        readable, _, _ = select.select([self._fd], [], [], timeout)
-        return bool(readable)
+        if self._fd is not None:
+            poller = select.poll()  # not select(): no limit on the descriptor's number
+            try:
+                poller.register(self._fd, select.POLLIN)
+                return bool(poller.poll(timeout * 1000))
+            except (OSError, ValueError):
+                self.close()  # the samples' pace then
+        time.sleep(timeout)
+        return False
 
     def close(self) -> None:
         fd, self._fd = self._fd, None
