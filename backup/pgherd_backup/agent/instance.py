@@ -845,8 +845,8 @@ class Instance:
     # -- SIGTERM -------------------------------------------------------------------------------------------
     def terminate(self) -> None:
         """A primary not fenced waits (bounded) for the operator to switch over; then everything stops.
-        Fenced by the operator meanwhile, it stays until the operator says the hand-over is done (see
-        linger)."""
+        Fenced as the primary, meanwhile or before the SIGTERM, it stays until the operator says the
+        hand-over is done (see linger)."""
         wait = self.options.wait_for_switchover
         deadline = time.monotonic() + wait
         if self.role() == "primary" and not self.state.fenced and wait > 0:
@@ -857,13 +857,14 @@ class Instance:
             )
             while time.monotonic() < deadline and not self.state.fenced and self.postmaster.alive:
                 time.sleep(0.1)
-        # Fenced as the primary, while waiting or before the SIGTERM came: the operator switches over on
-        # the pod's deletion, whose watch event may reach it first, and the -rw Service may still route here.
-        handing_over = self.state.fenced and self.state.role_at_fence == "primary"
         with self._state_lock:
             self.shutting_down = True
             self.epoch += 1
         with self.fence_lock:
+            # Fenced as the primary, while waiting or before the SIGTERM came (the operator switches over
+            # on the pod's deletion, whose watch event may reach it first): the -rw Service may still
+            # route here. Read under the lock: a fence records the role only after `fenced`.
+            handing_over = self.state.fenced and self.state.role_at_fence == "primary"
             log.info("shutting PostgreSQL down")
             self.stop(checkpoint=True)
         if handing_over:
