@@ -26,7 +26,7 @@ from typing import Any
 import psycopg
 import yaml
 
-from pgherd.local.s3server import free_port
+from pgherd.local.ports import free_port
 from pgherd_backup.postgres.binaries import PgBinaries
 from pgherd_backup.postgres.process import process_table
 

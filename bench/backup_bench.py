@@ -28,7 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pgherd.local.s3server import S3Server, free_port
+from pgherd.local.ports import free_port
+from pgherd.local.s3server import S3Server
 from pgherd_backup.postgres import config, postmaster, seed
 from pgherd_backup.postgres.binaries import PgBinaries
 from pgherd_backup.postgres.process import grant_traverse

@@ -30,7 +30,8 @@ from typing import Any
 
 import pytest
 
-from pgherd.local.s3server import S3Server, S3Tls, free_port
+from pgherd.local.ports import free_port
+from pgherd.local.s3server import S3Server, S3Tls
 from pgherd_backup.postgres import config, postmaster, seed
 from pgherd_backup.postgres.binaries import PgBinaries
 from pgherd_backup.postgres.process import grant_traverse

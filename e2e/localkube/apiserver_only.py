@@ -19,9 +19,7 @@ pgherd kinds from its first discovery).
 
 from __future__ import annotations
 
-import random
 import shutil
-import socket
 import ssl
 import time
 from collections.abc import Sequence
@@ -33,6 +31,7 @@ from e2e.localkube import binaries, certs, control_plane, health
 from e2e.localkube.kubectl import Kubectl
 from e2e.localkube.processes import Process, stop
 from e2e.localkube.settings import REPO, Layout, Ports, Settings
+from pgherd.local.ports import free_port_range
 
 CRDS = REPO / "crds"
 LOOPBACK = "127.0.0.1"
@@ -40,9 +39,6 @@ LOOPBACK = "127.0.0.1"
 # collector) and a deleted claim's kubernetes.io/pvc-protection finalizer removed when no pod uses it.
 # Not the StatefulSet or Job controllers: with no node, the pods they made would only sit Pending.
 GC_CONTROLLERS = ("garbage-collector-controller", "persistentvolumeclaim-protection-controller")
-# Ports tried: below Linux's ephemeral range (32768-60999, where a client's socket may take one at any
-# moment) and above localkube's (20200-20220 by default).
-PORT_RANGE = (21000, 32000)
 # etcd, its peer port, the API server, the controller-manager: Ports' first four from its base.
 PORTS_USED = 4
 # Every PostgresCluster has three ClusterIP Services (rw, ro, r): a cluster of `up`'s /24 holds the
@@ -67,25 +63,6 @@ def unavailable() -> str | None:
     except binaries.Missing as exc:
         return str(exc)
     return None
-
-
-def _free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind((LOOPBACK, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port_base(count: int = PORTS_USED) -> int:
-    """A base whose `count` ports from it are free on 127.0.0.1 now."""
-    low, high = PORT_RANGE
-    for _ in range(200):
-        base = random.randrange(low, high - count)
-        if all(_free(base + offset) for offset in range(count)):
-            return base
-    raise RuntimeError(f"no {count} free consecutive ports in {low}-{high} on {LOOPBACK}")
 
 
 @dataclass
@@ -167,7 +144,9 @@ def start(
     layout = Layout(directory)
     for folder in (layout.root, layout.pki, layout.config, layout.logs):
         folder.mkdir(parents=True, exist_ok=True)
-    settings = Settings(service_cidr=SERVICE_CIDR, ports=Ports(base=free_port_base()), api_bind=LOOPBACK)
+    settings = Settings(
+        service_cidr=SERVICE_CIDR, ports=Ports(base=free_port_range(PORTS_USED, LOOPBACK)), api_bind=LOOPBACK
+    )
     certs.make_pki(layout, settings)
     certs.write_kubeconfigs(layout, settings)
     plane = ControlPlane(layout, settings)

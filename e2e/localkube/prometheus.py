@@ -23,7 +23,7 @@ import yaml
 from e2e.localkube.processes import Process, start, wait_until
 from e2e.localkube.prometheus_binaries import prometheus_bin
 from e2e.localkube.settings import OPERATOR_NAMESPACE, REPO, Layout
-from pgherd.local.s3server import free_port
+from pgherd.local.ports import free_port
 
 ALERTS = REPO / "charts" / "pgherd" / "monitoring" / "alerts.yaml"
 SCRAPE_INTERVAL = "5s"

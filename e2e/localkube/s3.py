@@ -22,7 +22,8 @@ from e2e.localkube.certs import write_private
 from e2e.localkube.kubectl import Kubectl
 from e2e.localkube.processes import Process, start, wait_until
 from e2e.localkube.settings import S3_BUCKET, S3_CA_SECRET, S3_REGION, S3_SECRET, Layout, Settings
-from pgherd.local.s3server import SANDBOX_EXTRA_FIX, S3Tls, answers, find_rclone, free_port
+from pgherd.local.ports import free_port
+from pgherd.local.s3server import SANDBOX_EXTRA_FIX, S3Tls, answers, find_rclone
 
 
 def _encode(data: bytes) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 
-from pgherd.local.s3server import free_port
+from pgherd.local.ports import free_port
 from pgherd_backup.agent.client import AgentClient
 from pgherd_backup.agent.wire import Status
 from pgherd_backup.postgres import postmaster

@@ -19,7 +19,7 @@ import pytest
 from agent_helpers import CLUSTER, MEMBERS, Agent
 from prometheus_client.parser import text_string_to_metric_families
 
-from pgherd.local.s3server import free_port
+from pgherd.local.ports import free_port
 from pgherd_backup.agent import custom_queries
 
 # The metric names of the contract (docs/monitoring.md), each with the member's labels.

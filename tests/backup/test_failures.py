@@ -10,7 +10,7 @@ import time
 import pytest
 from backup_helpers import TRACEBACK, fill, random_blob_table
 
-from pgherd.local.s3server import free_port
+from pgherd.local.ports import free_port
 
 
 def _assert_clean_failure(result, *fragments):

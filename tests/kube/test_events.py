@@ -27,7 +27,7 @@ from pgherd.kube.api import KubeApi
 from pgherd.kube.events import CONTROLLER, Events
 from pgherd.kube.observe import ClusterObjects
 from pgherd.kube.restores import Restores
-from pgherd.local.s3server import free_port
+from pgherd.local.ports import free_port
 
 from .realkube import AuditLog, ChartIdentity, Kube, running_as
 from .test_operator import cluster_manifest

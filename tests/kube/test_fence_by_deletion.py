@@ -18,7 +18,7 @@ from pgherd.kube.api import KubeApi
 from pgherd.kube.events import Events
 from pgherd.kube.observe import ClusterObjects, slice_summary
 from pgherd.kube.restores import Restores
-from pgherd.local.s3server import free_port
+from pgherd.local.ports import free_port
 
 from .realkube import JSON, ChartIdentity, Kube
 from .test_operator import cluster_manifest

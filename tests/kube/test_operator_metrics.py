@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from prometheus_client.parser import text_string_to_metric_families
 
 from pgherd.kube import metrics
-from pgherd.local.s3server import free_port
+from pgherd.local.ports import free_port
 
 from .realkube import ChartIdentity, Kube, running_as
 from .test_operator import cluster_manifest

@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from local_helpers import RESTART_DELAY, LocalCluster, free_port_range
+from local_helpers import RESTART_DELAY, LocalCluster
 
 from pgherd.api.cluster import PostgresClusterSpec
 from pgherd.local.layout import SandboxPaths
 from pgherd.local.objects import ObjectStore
 from pgherd.local.platform import LocalPlatform
 from pgherd.local.pods import MAX_MEMBERS
+from pgherd.local.ports import free_port_range
 from pgherd.local.postgres.resolve import resolve
 from pgherd.local.state import S3Endpoint, SandboxState
 
@@ -65,7 +66,7 @@ def local_cluster(
         state = SandboxState(
             cluster=CLUSTER,
             base_port=base_port,
-            agent_base_port=free_port_range(16, avoid=range(base_port, base_port + 16)),
+            agent_base_port=free_port_range(16),
             store_url=s3_store.url,
             s3=S3Endpoint(
                 endpoint=endpoint.endpoint_url,

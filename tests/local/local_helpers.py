@@ -5,7 +5,6 @@ to the tests."""
 from __future__ import annotations
 
 import contextlib
-import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,29 +21,6 @@ from pgherd_backup.agent.client import AgentError
 from pgherd_backup.agent.wire import Status
 
 RESTART_DELAY = 0.5
-
-
-def free_port_range(count: int, avoid: range = range(0)) -> int:
-    """A base port such that base..base+count-1 are free now (the platform gives member i base+i)."""
-    for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + count > 65000 or set(range(base, base + count)) & set(avoid):
-            continue
-        sockets: list[socket.socket] = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket()
-                sockets.append(sock)
-                sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
-        return base
-    raise RuntimeError("no free port range")
 
 
 class LocalCluster:

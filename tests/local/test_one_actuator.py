@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from local_helpers import free_port_range
 
 from pgherd import actuator
 from pgherd.api.cluster import PostgresClusterSpec
@@ -30,6 +29,7 @@ from pgherd.kube.observe import ClusterObjects
 from pgherd.local.layout import SandboxPaths, write_json
 from pgherd.local.objects import ObjectStore
 from pgherd.local.platform import LocalPlatform
+from pgherd.local.ports import free_port_range
 from pgherd.local.postgres.resolve import resolve
 from pgherd.local.state import MemberState, S3Endpoint, SandboxState
 from pgherd_backup.agent.client import AgentClient, AgentError
@@ -220,7 +220,7 @@ def sandbox(work_root: Path, sandbox_certs: Path) -> Iterator[tuple[LocalPlatfor
     state = SandboxState(
         cluster=CLUSTER,
         base_port=base,
-        agent_base_port=free_port_range(len(MEMBERS), avoid=range(base, base + len(MEMBERS))),
+        agent_base_port=free_port_range(len(MEMBERS)),
         store_url="s3://unused/demo",
         s3=S3Endpoint(endpoint="http://127.0.0.1:9", access_key="a", secret_key="s", embedded=False),
         superuser_password="pw",

@@ -17,7 +17,6 @@ import importlib.util
 import os
 import secrets
 import shutil
-import socket
 import ssl
 import subprocess
 import sys
@@ -29,11 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+from pgherd.local.ports import free_port
 
 
 def find_rclone() -> str | None:

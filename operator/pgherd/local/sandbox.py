@@ -8,7 +8,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,8 +20,9 @@ from pgherd.local.dsns import SandboxDsns
 from pgherd.local.layout import SandboxPaths, read_json, write_json
 from pgherd.local.objects import ObjectStore
 from pgherd.local.pods import Credentials
+from pgherd.local.ports import free_port, free_port_range
 from pgherd.local.postgres.resolve import PostgresInstall, PostgresUnavailable, resolve
-from pgherd.local.s3server import S3ServerUnavailable, S3Tls, choose_backend, free_port
+from pgherd.local.s3server import S3ServerUnavailable, S3Tls, choose_backend
 from pgherd.local.state import MemberState, S3Endpoint, SandboxState, binaries_missing
 from pgherd_backup.postgres.process import grant_traverse
 
@@ -148,8 +148,8 @@ class Sandbox:
         spec = admitted["spec"]
         initdb = ((spec.get("bootstrap") or {}).get("initdb")) or {}
         # PostgreSQL's, the agents' and their metrics' ports: three ranges apart, one port per ordinal each
-        base_port = _free_port_range(16)
-        agent_base_port = _free_port_range(16, avoid=(base_port,))
+        base_port = free_port_range(16)
+        agent_base_port = free_port_range(16)
         state = SandboxState(
             cluster=name,
             base_port=base_port,
@@ -161,7 +161,7 @@ class Sandbox:
             app_password=secrets.token_urlsafe(18),
             restart_delay=restart_delay,
             agent_base_port=agent_base_port,
-            metrics_base_port=_free_port_range(16, avoid=(base_port, agent_base_port)),
+            metrics_base_port=free_port_range(16),
             pg_bindir=str(postgres.bindir),
             pg_libdir=None if postgres.libdir is None else str(postgres.libdir),
             postgres_major=postgres.major,
@@ -492,37 +492,3 @@ def _alive(pid: int) -> bool:
         except (OSError, IndexError):
             return True
     return done == 0
-
-
-def _ephemeral_ports() -> tuple[int, int]:
-    try:
-        low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    except (OSError, ValueError):
-        return 32768, 60999
-    return low, high
-
-
-def _free_port_range(count: int, avoid: tuple[int, ...] = ()) -> int:
-    """A base port such that base..base+count-1 are all free now (one per possible member), below the
-    ephemeral range when there is room: a client connection (the agents' API is asked every tick)
-    could otherwise take a member's port while it is down, and its PostgreSQL would not start. Apart
-    from the ranges of `avoid` (their bases), taken by the sandbox's other ports."""
-    low, _ = _ephemeral_ports()
-    first, span = (10000, low - 10000 - count) if low - 10000 - count > 1000 else (20000, 30000)
-    for _ in range(200):
-        base = first + secrets.randbelow(span)
-        if any(abs(base - taken) < count for taken in avoid):
-            continue
-        sockets = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                sockets.append(sock)
-                sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
-        return base
-    raise SandboxError("could not find 16 free consecutive ports on 127.0.0.1")
