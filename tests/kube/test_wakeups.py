@@ -70,7 +70,16 @@ def test_a_lost_primary_is_looked_at_again_when_its_detection_ends() -> None:
     loop.engine = EngineStatus(primary_lost_since=lost)
     assert 0.05 < loop.interval() < 0.3  # the end of detection, not the busy pace after it
     loop.engine = EngineStatus(primary_lost_since=lost - timedelta(seconds=1))  # already due
+    end = lost - timedelta(seconds=1) + timedelta(seconds=3)  # 0.9 s ago
+    loop.ticked_at = end + timedelta(seconds=0.1)  # and a tick has started since
     assert loop.interval() == 0.3
+    # The last tick started, and its statuses came in, before its end (a faster gathering than the one
+    # before): that tick could confirm nothing, and the one that can comes at once, not at the busy pace
+    # (0.14-0.25 s of the back-off failover's decision on localkube, 2026-12-07).
+    loop.ticked_at = end - timedelta(seconds=0.05)
+    assert loop.interval() < 0.03
+    loop.ticked_at = None  # no tick yet
+    assert loop.interval() < 0.03
     loop.engine = EngineStatus(primary_lost_since=lost + timedelta(seconds=2))
     assert loop.interval() == 0.3  # further than the pace
     # The decision is made once the tick's statuses are in: it starts as long before as the last

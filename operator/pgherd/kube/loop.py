@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
@@ -151,6 +151,7 @@ class ClusterLoop:
         self.polled = False  # the last tick asked at least one agent
         self.had_pods = True  # the last tick saw a pod of the cluster (until a tick says otherwise)
         self._poll_seconds = 0.0  # how long the last tick took to gather its agents' statuses
+        self.ticked_at: datetime | None = None  # when the last tick started
         self.objects_refused = False  # the last tick's owned objects were refused: Failed stands
         # The inputs of the status document last compared with (or written as) `status_doc`, and that
         # status: while both stand, the document is the same (`tick`).
@@ -194,15 +195,17 @@ class ClusterLoop:
         ):
             return None
         detection = parsed[1][0].failover.detection_seconds
-        due = (engine.primary_lost_since - datetime.now(UTC)).total_seconds() + detection
-        if due <= 0:
-            return None
+        end = engine.primary_lost_since + timedelta(seconds=detection)
+        due = (end - datetime.now(UTC)).total_seconds()
+        if due <= 0 and self.ticked_at is not None and self.ticked_at >= end:
+            return None  # a tick since detection's end has seen it: the pace goes on
         # The engine decides on the statuses the tick gathers, as of when they are in: the tick starts
         # as long before as the last gathering took (0.1-0.2 s of a back-off failover on localkube). One
-        # that comes back early decides nothing, and the next tick follows at once.
+        # that comes back early decides nothing, and the next tick follows at once (the slack).
         return max(due - self._poll_seconds, 0.0) + DETECTION_SLACK
 
     async def tick(self) -> None:
+        self.ticked_at = datetime.now(UTC)
         if not self.holding():
             self.engine = None  # another operator may write meanwhile: read it again when leading
             return
