@@ -37,12 +37,15 @@ def ephemeral_range() -> tuple[int, int]:
 
 
 def _span(count: int) -> tuple[int, int]:
-    """Where bases are drawn from: below the ephemeral range if it leaves room, else above it."""
+    """Where bases are drawn from: below the ephemeral range if it leaves room, else above it, else
+    (a range set to cover nearly every port) the usual span, where only the bind check protects."""
     low, high = ephemeral_range()
     top = min(low, HIGHEST) - count
     if top - LOWEST > 1000:
         return LOWEST, top
-    return high + 1, 65536 - count
+    if 65536 - count - (high + 1) > 1000:
+        return high + 1, 65536 - count
+    return LOWEST, HIGHEST - count
 
 
 def _free(host: str, ports: range) -> bool:
