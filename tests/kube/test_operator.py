@@ -171,7 +171,11 @@ def test_the_rw_service_selects_nothing_even_when_an_earlier_version_made_it_wit
             ),
             what="the -rw Service without a selector",
         )
-    for service in ("hippo-ro", "hippo-r", "hippo-headless"):
+        # The same pass makes -ro and -r just after -rw (builders/services.py's order): a read at the
+        # moment -rw changed may come before them (the clean-clone run of 2026-12-07 19:31 did).
+        others = ("hippo-ro", "hippo-r", "hippo-headless")
+        eventually(lambda: all(kube.read("services", ns, s) for s in others), what="the other Services")
+    for service in others:
         found = kube.read("services", ns, service)
         assert found is not None and found["spec"]["selector"][names.LABEL_CLUSTER] == "hippo", found
 
