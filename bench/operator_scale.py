@@ -200,7 +200,9 @@ class Watch:
     Its own process: read by a thread of this one, the watch shared the GIL with the 8 threads sending
     PATCHes, fell behind the API server, which held up its dispatch to every watcher of the collection
     (the operator's included) for up to its time budget, then closed this watch as unresponsive
-    (apiserver_terminated_watchers_total; docs/kube.md, "The watches the API server closes")."""
+    (apiserver_terminated_watchers_total; docs/kube.md, "The watches the API server closes"). Reopened
+    every minute, as the operator's are: a watch's buffer is sized at its opening (docs/kube.md, "A
+    watch's buffer is sized when it opens")."""
 
     def __init__(
         self,
@@ -244,7 +246,9 @@ def _watch(layout: Layout, host: str, port: int, path: str, version: str, out: C
     tls = health.admin_tls(layout)
     while True:
         conn = http.client.HTTPSConnection(host, port, context=tls, timeout=600)
-        conn.request("GET", f"{path}?watch=1&resourceVersion={version}&allowWatchBookmarks=true")
+        conn.request(
+            "GET", f"{path}?watch=1&resourceVersion={version}&allowWatchBookmarks=true&timeoutSeconds=60"
+        )
         response = conn.getresponse()
         while line := response.readline():
             at = time.monotonic()

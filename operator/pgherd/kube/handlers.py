@@ -163,7 +163,10 @@ def build(operator: Operator) -> tuple[kopf.OperatorRegistry, kopf.OperatorSetti
     )
     settings.peering.standalone = True
     settings.posting.level = logging.WARNING
-    settings.watching.server_timeout = 300
+    # The API server sizes a watch's buffer once, from its cache's recent event rate (10 to 100 events):
+    # a watch opened while the clusters were quiet keeps 10 through a later burst and is closed as
+    # unresponsive. Reopened every minute (kopf resumes from its resourceVersion), it follows the rate.
+    settings.watching.server_timeout = 60
     settings.networking.request_timeout = 30
 
     @kopf.on.login(registry=registry)
