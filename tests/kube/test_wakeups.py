@@ -124,8 +124,9 @@ def test_watches_are_reopened_every_minute() -> None:
     """The API server gives a watch a buffer sized at its opening from its cache's recent event rate,
     10 events for one opened while nothing changed (k8s.io/apiserver's suggestedWatchChannelSize). At
     2,000 clusters the operator's watch, opened before they existed, kept 10 through a spec change of
-    every cluster and was closed as unresponsive, delaying the change by seconds (docs/kube.md). Reopened
-    at least every minute, it gets the buffer the rate calls for."""
+    every cluster and was closed as unresponsive, holding the API server's dispatch to every watcher for
+    up to 100 ms (docs/kube.md; the slow runs stayed slow without it). Reopened at least every minute,
+    it gets the buffer the rate calls for."""
     from pgherd.kube.handlers import Operator, build
 
     _, settings = build(Operator())
